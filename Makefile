@@ -1,0 +1,37 @@
+# Two entry points do all set-up on a fresh machine: `make demo` and `make test`.
+# Both are idempotent: a second run only re-checks stamps and the model cache.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow setup bwrap model clean-runs
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP) bwrap
+
+# bubblewrap is the sandbox; install it when missing and possible (root + apt), else warn.
+bwrap:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)) \
+	      || echo "warning: could not install bubblewrap; the process fallback will be used"; \
+	  else echo "warning: bubblewrap missing (apt-get install bubblewrap); the process fallback will be used"; fi; }
+
+model: setup
+	$(BIN)/longhaul model prepare smollm2-135m-instruct
+
+demo: model
+	$(BIN)/longhaul train examples/quickstart.yaml
+
+test: setup
+	$(BIN)/python -m pytest -q; rc=$$?; [ $$rc = 5 ] && exit 0; exit $$rc
+
+test-slow: model
+	$(BIN)/python -m pytest -q -m slow; rc=$$?; [ $$rc = 5 ] && exit 0; exit $$rc

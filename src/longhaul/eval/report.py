@@ -1,0 +1,70 @@
+"""A self-contained HTML report of a run: training curves as inline SVG and the before/after table."""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from pathlib import Path
+
+CURVES = [("reward", "reward (train)"), ("pass_rate", "pass rate (train samples)"), ("kl", "KL to reference"),
+          ("entropy", "entropy"), ("completions/mean_length", "completion length"), ("step_time", "step time (s)")]
+
+
+def _svg_line(xs: list[float], ys: list[float], title: str, w: int = 420, h: int = 220) -> str:
+    pts = [(x, y) for x, y in zip(xs, ys) if y is not None and not (isinstance(y, float) and math.isnan(y))]
+    pad = 40
+    if not pts:
+        return f"<svg width='{w}' height='{h}'><text x='10' y='20'>{html.escape(title)}: no data</text></svg>"
+    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
+    if y1 == y0:
+        y0, y1 = y0 - 0.5, y1 + 0.5
+    if x1 == x0:
+        x1 = x0 + 1
+    sx = lambda x: pad + (x - x0) / (x1 - x0) * (w - 2 * pad)
+    sy = lambda y: h - pad + (y - y0) / (y1 - y0) * (2 * pad - h)
+    path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+    dots = "".join(f"<circle cx='{sx(x):.1f}' cy='{sy(y):.1f}' r='2.5'/>" for x, y in pts)
+    return (
+        f"<svg width='{w}' height='{h}' xmlns='http://www.w3.org/2000/svg' font-family='sans-serif' font-size='11'>"
+        f"<text x='{pad}' y='16' font-size='13' font-weight='bold'>{html.escape(title)}</text>"
+        f"<line x1='{pad}' y1='{h - pad}' x2='{w - pad}' y2='{h - pad}' stroke='#888'/>"
+        f"<line x1='{pad}' y1='{pad}' x2='{pad}' y2='{h - pad}' stroke='#888'/>"
+        f"<text x='{pad - 4}' y='{sy(y1) + 4:.1f}' text-anchor='end'>{y1:.3g}</text>"
+        f"<text x='{pad - 4}' y='{sy(y0) + 4:.1f}' text-anchor='end'>{y0:.3g}</text>"
+        f"<text x='{pad}' y='{h - pad + 14}'>{x0:g}</text><text x='{w - pad}' y='{h - pad + 14}' text-anchor='end'>step {x1:g}</text>"
+        f"<polyline fill='none' stroke='#1f77b4' stroke-width='2' points='{path}'/><g fill='#1f77b4'>{dots}</g></svg>"
+    )
+
+
+def _comparison_table(cmp: dict) -> str:
+    rows = []
+    for key in ("base", "trained"):
+        s = cmp[key]
+        rows.append(f"<tr><td>{key}</td><td>{s['passed']}/{s['n']}</td><td>{100 * s['pass_rate']:.1f}%</td>"
+                    f"<td>[{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}]</td></tr>")
+    t = cmp["mcnemar"]
+    lo, hi = cmp["difference_ci95"]
+    return (
+        "<table border='1' cellpadding='4' style='border-collapse:collapse'><tr><th>policy</th><th>passed</th>"
+        "<th>pass rate</th><th>95% interval</th></tr>" + "".join(rows) + "</table>"
+        f"<p>difference {100 * cmp['difference']:+.1f} points (paired bootstrap 95% [{100 * lo:+.1f}, {100 * hi:+.1f}]); "
+        f"McNemar exact: gained {t['gained']}, lost {t['lost']}, p = {t['p_value']:.4f} "
+        f"({'significant' if cmp['significant'] else 'not significant'} at 95%)</p>"
+    )
+
+
+def write_report(run_dir: Path, metrics: list[dict], comparison: dict | None, title: str) -> Path:
+    steps = [m["step"] for m in metrics]
+    charts = "".join(_svg_line(steps, [m.get(k) for m in metrics], label) for k, label in CURVES)
+    body = f"<h1>{html.escape(title)}</h1>"
+    if comparison:
+        body += "<h2>Held-out evaluation (greedy, same tasks)</h2>" + _comparison_table(comparison)
+    body += f"<h2>Training curves</h2><div style='display:flex;flex-wrap:wrap;gap:12px'>{charts}</div>"
+    page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body style='font-family:sans-serif'>{body}</body></html>"
+    out = run_dir / "report.html"
+    tmp = out.with_suffix(".html.tmp")
+    tmp.write_text(page)
+    os.replace(tmp, out)
+    return out

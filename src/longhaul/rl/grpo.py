@@ -1,0 +1,130 @@
+"""The GRPO trainer: group-normalised advantages, clipped policy loss, KL to a frozen
+reference, gradient clipping, AdamW.
+
+Deviations from the GRPO paper, all configurable: clip-higher (separate low/high epsilons,
+from DAPO); groups whose rewards are all equal are skipped (they carry no policy gradient,
+as in DAPO's dynamic sampling, minus the refill); one optimizer step per batch, so the
+"old" policy is the current one and its log-probs are recomputed in the same forward
+(`ratio` is 1 at the start of the step). The estimator, loss and KL estimator are looked
+up by name in `advantages` / `losses`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from longhaul.config import AlgoConfig, TrainConfig
+from longhaul.rl.advantages import ADVANTAGES
+from longhaul.rl.logprobs import completion_logprobs
+from longhaul.rl.losses import KL_ESTIMATORS, POLICY_LOSSES, aggregate
+from longhaul.types import Trajectory
+
+
+def frozen_copy(model, dtype: torch.dtype | None = None):
+    ref = copy.deepcopy(model)
+    if dtype is not None:
+        ref.to(dtype)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+class GRPOTrainer:
+    def __init__(self, policy, pad_id: int, algo: AlgoConfig, train: TrainConfig, temperature: float = 1.0):
+        self.policy, self.pad_id, self.algo, self.train_cfg, self.temperature = policy, pad_id, algo, train, temperature
+        self.advantage_fn = ADVANTAGES.get_fn(algo.advantage)
+        self.loss_fn = POLICY_LOSSES.get_fn(algo.loss)
+        self.kl_fn = KL_ESTIMATORS.get_fn(algo.kl_estimator)
+        # With kl_coef 0 no reference model is built at all (saves its memory and forward).
+        self.ref = frozen_copy(policy) if algo.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            [p for p in policy.parameters() if p.requires_grad], lr=train.lr, betas=(0.9, 0.99), eps=1e-8,
+            weight_decay=train.weight_decay, foreach=False,
+        )
+        warm = train.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def _select(self, groups: list[list[Trajectory]]):
+        rewards = torch.tensor([[t.reward for t in g] for g in groups], dtype=torch.float32)  # (G, N)
+        adv = self.advantage_fn(rewards)
+        std = rewards.std(dim=1)
+        keep = [i for i in range(len(groups)) if not (self.algo.drop_zero_std_groups and std[i] == 0)]
+        trajs = [t for i in keep for t in groups[i]]
+        advs = torch.cat([adv[i] for i in keep]) if keep else torch.zeros(0)
+        return rewards, std, trajs, advs
+
+    def step(self, groups: list[list[Trajectory]]) -> dict:
+        """One optimizer step on a batch of prompt groups; returns TRL/verl-named metrics."""
+        t0 = time.perf_counter()
+        rewards, std, trajs, advs = self._select(groups)
+        m = {
+            "reward": rewards.mean().item(),
+            "reward_std": std.mean().item(),
+            "frac_reward_zero_std": (std == 0).float().mean().item(),
+            "num_trained_seqs": len(trajs),
+            "lr": self.scheduler.get_last_lr()[0],
+        }
+        zeros = {"kl": 0.0, "entropy": float("nan"), "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
+                 "clip_ratio/region_mean": 0.0, "grad_norm": 0.0, "loss": 0.0, "logprob_gap": float("nan"),
+                 "timing/ref": 0.0, "num_tokens": 0}
+        if not trajs:
+            self.scheduler.step()
+            return {**m, **zeros, "timing/update_actor": time.perf_counter() - t0}
+        pairs = [(t.turns[0].prompt_ids, t.turns[0].completion_ids) for t in trajs]
+        behaviour = [t.turns[0].logprobs for t in trajs]
+        n_tok = float(sum(len(c) for _, c in pairs))
+        n_seq = float(len(pairs))
+        max_len = max(len(c) for _, c in pairs)
+        mb = self.train_cfg.micro_batch
+        chunks = [list(range(i, min(i + mb, len(pairs)))) for i in range(0, len(pairs), mb)]
+        ac = self.train_cfg.autocast
+
+        ref_logps, t_ref = [], time.perf_counter()
+        if self.ref is not None:
+            with torch.no_grad():
+                for idx in chunks:
+                    ref_logps.append(completion_logprobs(self.ref, [pairs[i] for i in idx], self.pad_id, self.temperature, ac)[0])
+        t_ref = time.perf_counter() - t_ref
+
+        self.policy.train()
+        sums = {"kl": 0.0, "entropy": 0.0, "low": 0.0, "high": 0.0, "loss": 0.0, "gap": 0.0}
+        for k, idx in enumerate(chunks):
+            logp, mask, ent = completion_logprobs(self.policy, [pairs[i] for i in idx], self.pad_id, self.temperature, ac, with_entropy=True)
+            old = logp.detach()  # single update per batch: the old policy is the current one
+            tok_loss, clip = self.loss_fn(logp, old, advs[idx], clip_low=self.algo.clip_low, clip_high=self.algo.clip_high)
+            if self.ref is not None:
+                kl_tok = self.kl_fn(logp, ref_logps[k])
+                tok_loss = tok_loss + self.algo.kl_coef * kl_tok
+                sums["kl"] += (kl_tok.detach() * mask).sum().item()
+            loss = aggregate(tok_loss, mask, self.algo.aggregation, n_tok, n_seq, max_len)
+            loss.backward()
+            sums["loss"] += loss.item()
+            sums["entropy"] += ent.sum().item()
+            sums["low"] += (clip["low"] * mask).sum().item()
+            sums["high"] += (clip["high"] * mask).sum().item()
+            for row, i in enumerate(idx):
+                b = torch.tensor(behaviour[i])
+                sums["gap"] += (old[row, : len(b)] - b).abs().sum().item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.train_cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        m.update({
+            "kl": sums["kl"] / n_tok, "entropy": sums["entropy"] / n_tok, "loss": sums["loss"],
+            "clip_ratio/low_mean": sums["low"] / n_tok, "clip_ratio/high_mean": sums["high"] / n_tok,
+            "clip_ratio/region_mean": (sums["low"] + sums["high"]) / n_tok, "grad_norm": grad_norm.item(),
+            "logprob_gap": sums["gap"] / n_tok, "timing/ref": t_ref, "num_tokens": int(n_tok),
+            "timing/update_actor": time.perf_counter() - t0 - t_ref,
+        })
+        return m

@@ -1,0 +1,18 @@
+"""Progress bars with rates and ETA (rich), quiet when disabled."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+console = Console(stderr=False, highlight=False)
+
+
+@contextmanager
+def progress_bar(enabled: bool = True):
+    cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
+    with Progress(*cols, console=console, disable=not enabled, transient=False) as prog:
+        yield prog

@@ -1,0 +1,184 @@
+"""The synchronous, on-policy GRPO run: evaluate the base policy, train, evaluate again, report.
+
+One process: sample groups with a (bf16) copy of the policy, score them with the task
+family's verifier, take one GRPO step, copy the new weights into the sampler, log,
+checkpoint. Everything that can be wrong with the input is checked before `runs/<name>/`
+is created.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import transformers
+
+from longhaul.agent.single_turn import encode_prompt, run_groups
+from longhaul.config import RunConfig, dump_config
+from longhaul.envs import get_family
+from longhaul.errors import LonghaulError
+from longhaul.eval.passrate import EvalResult, compare, evaluate
+from longhaul.eval.report import write_report
+from longhaul.inference import SamplingParams
+from longhaul.models import load_policy
+from longhaul.rl.checkpoint import list_checkpoints, load_trainer_state, load_weights, save_checkpoint, set_rng_state
+from longhaul.rl.grpo import GRPOTrainer, frozen_copy
+from longhaul.runtime.metrics import MetricsLog, read_metrics
+from longhaul.runtime.progress import console, progress_bar
+
+
+@dataclass
+class Prepared:
+    cfg: RunConfig
+    family: object
+    policy: object
+    tok: object
+    train_tasks: list
+    heldout: list
+
+
+def prepare(cfg: RunConfig) -> Prepared:
+    """Load and validate everything; touches nothing on disk except the model cache."""
+    family = get_family(cfg.task.family)
+    n_train = max(1, cfg.train.steps * cfg.rollout.prompts_per_step)
+    try:
+        train_tasks = family.make_split("train", n_train, cfg.task.difficulty, cfg.task.subfamilies)
+        heldout = family.make_split("heldout", cfg.eval.n_tasks, cfg.task.difficulty, cfg.task.subfamilies) if cfg.eval.before_after else []
+    except ValueError as e:
+        raise LonghaulError(f"task config: {e}") from e
+    policy, tok = load_policy(cfg.model.name)
+    context = cfg.model.context_length or policy.config.max_position_embeddings
+    budget = max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens if heldout else 0)
+    longest = max(train_tasks + heldout, key=lambda t: len(t.prompt))
+    n_prompt = len(encode_prompt(tok, longest.prompt))
+    if n_prompt + budget > context:
+        raise LonghaulError(
+            f"prompt of task {longest.task_id} is {n_prompt} tokens and {budget} new tokens are asked, over the model context "
+            f"of {context}; lower rollout.max_new_tokens / eval.max_new_tokens or raise model.context_length"
+        )
+    return Prepared(cfg, family, policy, tok, train_tasks, heldout)
+
+
+def _open_run_dir(cfg: RunConfig, resume: bool) -> tuple[Path, Path | None]:
+    run_dir = cfg.run_dir
+    ckpt = list_checkpoints(run_dir / "checkpoints")[-1] if resume and list_checkpoints(run_dir / "checkpoints") else None
+    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
+        raise LonghaulError(f"run directory {str(run_dir)!r} already exists; pass --resume to continue it or set name=... for a new run")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / "config.yaml.tmp"
+    tmp.write_text(dump_config(cfg))
+    os.replace(tmp, run_dir / "config.yaml")
+    return run_dir, ckpt
+
+
+def _eval(prep: Prepared, make_model, label: str, path: Path) -> EvalResult:
+    if path.exists():
+        return EvalResult.load(path)
+    model = make_model()
+    cfg = prep.cfg
+    with progress_bar(cfg.log.progress) as prog:
+        bar = prog.add_task(f"eval {label}", total=len(prep.heldout), info="")
+        res = evaluate(model, prep.tok, prep.family, prep.heldout, label, cfg.eval.max_new_tokens, cfg.eval.batch_size,
+                       cfg.rollout.exec_timeout_s, cfg.rollout.exec_workers, on_batch=lambda n: prog.advance(bar, n))
+    res.save(path)
+    lo, hi = res.interval
+    console.print(f"[bold]{label}[/]: held-out pass rate {100 * res.rate:.1f}% ({sum(res.passed)}/{len(res.passed)}, 95% [{100 * lo:.1f}, {100 * hi:.1f}])")
+    return res
+
+
+def _step_metrics(groups, gen: dict, m: dict, step_time: float) -> dict:
+    trajs = [t for g in groups for t in g]
+    lens = [t.completion_len for t in trajs]
+    return {
+        **m,
+        "pass_rate": sum(t.info["passed"] for t in trajs) / len(trajs),
+        "completions/mean_length": sum(lens) / len(lens),
+        "completions/min_length": min(lens),
+        "completions/max_length": max(lens),
+        "completions/clipped_ratio": sum(t.turns[0].finish_reason == "length" for t in trajs) / len(trajs),
+        "timing/gen": gen["timing/gen"],
+        "timing/score": gen["timing/score"],
+        "step_time": step_time,
+        "tokens_per_s": (gen["gen_tokens"] + m["num_tokens"]) / step_time,
+    }
+
+
+def run_training(cfg: RunConfig, resume: bool = False) -> dict:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(cfg.seed)
+    prep = prepare(cfg)
+    run_dir, ckpt = _open_run_dir(cfg, resume)
+    console.rule(f"longhaul train: {cfg.name}")
+    console.print(dump_config(cfg), end="")
+    policy, tok, family = prep.policy, prep.tok, prep.family
+    trainer = GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature)
+    start = 0
+    if ckpt is not None:
+        load_weights(policy, ckpt)
+        state = load_trainer_state(ckpt)
+        trainer.load_state_dict(state)
+        set_rng_state(state["rng"])
+        start = state["step"]
+        console.print(f"resuming from {ckpt} (step {start})")
+    sampler = frozen_copy(policy, torch.bfloat16) if cfg.rollout.dtype == "bfloat16" else policy
+    log = MetricsLog(run_dir, cfg.log.tensorboard, resume_step=start if resume else None)
+    if start < cfg.train.steps:  # results of an earlier, shorter run describe other weights
+        (run_dir / "eval_trained.json").unlink(missing_ok=True)
+    base = None
+    if cfg.eval.before_after:
+        # on resume the base result is already on disk; the base weights are needed only for a fresh run
+        base = _eval(prep, lambda: sampler, "base", run_dir / "eval_base.json")
+    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                            top_p=cfg.rollout.top_p, stop=getattr(family, "stop", ()), batch_size=64)
+    P = cfg.rollout.prompts_per_step
+    with progress_bar(cfg.log.progress) as prog:
+        bar = prog.add_task("train", total=cfg.train.steps, completed=start, info="")
+        for step in range(start + 1, cfg.train.steps + 1):
+            t0 = time.perf_counter()
+            tasks = prep.train_tasks[(step - 1) * P: step * P]
+            groups, gen = run_groups(sampler, tok, family, tasks, params, cfg.rollout.group_size,
+                                     seed=cfg.seed * 1_000_003 + step, version=step - 1,
+                                     exec_timeout_s=cfg.rollout.exec_timeout_s, exec_workers=cfg.rollout.exec_workers)
+            m = trainer.step(groups)
+            if sampler is not policy:
+                sampler.load_state_dict(policy.state_dict())
+            metrics = _step_metrics(groups, gen, m, time.perf_counter() - t0)
+            log.write(step, metrics)
+            info = (f"reward {metrics['reward']:.3f} pass {metrics['pass_rate']:.2f} kl {metrics['kl']:.4f} "
+                    f"len {metrics['completions/mean_length']:.0f} {metrics['tokens_per_s']:.0f} tok/s {metrics['step_time']:.1f}s/step")
+            prog.console.print(f"step {step}/{cfg.train.steps}  {info}")
+            prog.update(bar, advance=1, info=info)
+            if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
+                save_checkpoint(run_dir / "checkpoints", step, policy, tok,
+                                {**trainer.state_dict(), "data_position": step * P}, cfg.train.keep_last)
+    log.close()
+    result = {"run_dir": str(run_dir), "steps": cfg.train.steps}
+    comparison = None
+    if base is not None:
+        trained = _eval(prep, lambda: sampler, "trained", run_dir / "eval_trained.json")
+        comparison = compare(base, trained)
+        _print_comparison(comparison)
+        result["comparison"] = comparison
+    report = write_report(run_dir, read_metrics(run_dir), comparison, f"longhaul run {cfg.name}")
+    console.print(f"report: {report}")
+    return result
+
+
+def _print_comparison(cmp: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title="held-out pass rate, greedy, same tasks")
+    for col in ("policy", "passed", "pass rate", "95% interval"):
+        table.add_column(col)
+    for key in ("base", "trained"):
+        s = cmp[key]
+        table.add_row(key, f"{s['passed']}/{s['n']}", f"{100 * s['pass_rate']:.1f}%", f"[{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}]")
+    console.print(table)
+    t = cmp["mcnemar"]
+    console.print(f"difference {100 * cmp['difference']:+.1f} points; McNemar exact p = {t['p_value']:.4f} "
+                  f"(gained {t['gained']}, lost {t['lost']}): {'significant' if cmp['significant'] else 'not significant'} at 95%")

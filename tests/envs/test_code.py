@@ -1,0 +1,29 @@
+from longhaul.envs import get_family
+from longhaul.envs.code import extract_code
+from longhaul.envs.funcgen import make_task
+
+
+def test_extract_code_variants():
+    assert extract_code("Here:\n```python\ndef f():\n    return 1\n```\nDone") == "def f():\n    return 1\n"
+    assert extract_code("```\nx = 1\n```") == "x = 1\n"
+    assert extract_code("```python\ndef f(): pass") == "def f(): pass"  # unclosed final block
+    assert extract_code("def f(): return 2") == "def f(): return 2"
+
+
+def test_score_reference_null_and_syntax():
+    fam = get_family("funcgen")
+    task = make_task(3)
+    null = f"def {task.entry_point}(*a, **k):\n    return None\n"
+    replies = [f"```python\n{task.reference}\n```", f"```python\n{null}```", "```python\ndef (:\n```",
+               "```python\nwhile True: pass\n```"]
+    scores = fam.score_many([task] * 4, replies, timeout_s=1.0)
+    assert [s.status for s in scores] == ["pass", "fail", "syntax", "timeout"]
+    assert [s.reward for s in scores] == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_echo_reward_is_dense():
+    fam = get_family("echo")
+    task = fam.make_split("train", 1)[0]
+    s = fam.score_many([task, task, task], [task.target, task.target[:2], "zzzz"])
+    assert s[0].passed and s[0].reward == 1.0
+    assert 0 < s[1].reward < 1 and s[2].reward < s[1].reward

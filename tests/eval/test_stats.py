@@ -1,0 +1,33 @@
+import math
+
+from longhaul.eval.stats import mcnemar_exact, paired_bootstrap, wilson
+
+
+def test_wilson_bounds_solve_the_score_equation():
+    # Wilson bounds are the p0 where the score test is exactly at z: (phat - p0)^2 = z^2 p0 (1 - p0) / n
+    z = 1.959964
+    for k, n in [(22, 120), (37, 120), (3, 200), (150, 164)]:
+        lo, hi = wilson(k, n)
+        for p0 in (lo, hi):
+            resid = (k / n - p0) ** 2 - z * z * p0 * (1 - p0) / n
+            assert abs(resid) < 1e-12, (k, n, p0, resid)
+        assert lo < k / n < hi
+    assert wilson(0, 10)[0] == 0.0
+
+
+def test_mcnemar_exact_known_p_values():
+    before = [False] * 10 + [True] * 5
+    after = [True] * 10 + [True] * 5
+    r = mcnemar_exact(before, after)
+    assert r["gained"] == 10 and r["lost"] == 0
+    assert math.isclose(r["p_value"], 2 / 1024, rel_tol=1e-12)
+    r = mcnemar_exact([True, False, True], [False, True, True])
+    assert r["p_value"] == 1.0
+
+
+def test_paired_bootstrap_contains_the_observed_difference():
+    before = [i % 5 == 0 for i in range(100)]
+    after = [i % 3 == 0 for i in range(100)]
+    lo, hi = paired_bootstrap(before, after, iters=2000)
+    diff = (sum(after) - sum(before)) / 100
+    assert lo <= diff <= hi

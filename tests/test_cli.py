@@ -1,0 +1,54 @@
+"""Bad input through the real `longhaul` command: one error line, non-zero exit, no traceback,
+nothing written under runs/."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "longhaul.cli", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def _assert_clean_error(r, pattern, cwd):
+    assert r.returncode != 0
+    lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert pattern in lines[0], lines[0]
+    assert "Traceback" not in r.stderr + r.stdout
+    assert not (Path(cwd) / "runs").exists() or not any((Path(cwd) / "runs").iterdir())
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("train.stpes=3", "did you mean train.steps"),
+    ("model.name=/no/such/model", "neither a built-in"),
+    ("model.context_length=32", "over the model context of 32"),
+])
+def test_bad_train_input(tmp_path, override, pattern):
+    r = run_cli("train", str(ROOT / "examples/tiny_grpo.yaml"), override, cwd=tmp_path)
+    _assert_clean_error(r, pattern, tmp_path)
+
+
+def test_corrupt_model_file(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 64)
+    r = run_cli("train", str(ROOT / "examples/tiny_grpo.yaml"), f"model.name={bad}", cwd=tmp_path)
+    _assert_clean_error(r, "could not read GGUF", tmp_path)
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    r = run_cli("train", str(ROOT / "examples/tiny_grpo.yaml"), "train.stpes=3", "--debug", cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_env_prints_versions(tmp_path):
+    r = run_cli("env", cwd=tmp_path)
+    assert r.returncode == 0
+    for key in ("python:", "torch:", "transformers:", "bubblewrap:", "cpu:", "gpu:"):
+        assert key in r.stdout
