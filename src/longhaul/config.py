@@ -61,6 +61,7 @@ class TrainConfig(Section):
     grad_clip: float = Field(1.0, gt=0)
     warmup_steps: int = Field(0, ge=0)
     micro_batch: int = Field(8, ge=1)  # sequences per forward/backward; accumulation keeps the update exact
+    share_prompt: bool = True  # run each group's prompt once and repeat its KV (same gradient, far fewer tokens)
     autocast: Literal["none", "bfloat16"] = "bfloat16"  # fp32 master weights either way
     save_every: int = Field(5, ge=0)  # 0: only the final checkpoint
     keep_last: int = Field(2, ge=1)

@@ -18,7 +18,7 @@ import torch
 
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.rl.advantages import ADVANTAGES
-from longhaul.rl.logprobs import completion_logprobs
+from longhaul.rl.logprobs import completion_logprobs, shared_prompt_logprobs
 from longhaul.rl.losses import KL_ESTIMATORS, POLICY_LOSSES, aggregate
 from longhaul.types import Trajectory
 
@@ -62,12 +62,35 @@ class GRPOTrainer:
         keep = [i for i in range(len(groups)) if not (self.algo.drop_zero_std_groups and std[i] == 0)]
         trajs = [t for i in keep for t in groups[i]]
         advs = torch.cat([adv[i] for i in keep]) if keep else torch.zeros(0)
-        return rewards, std, trajs, advs
+        sizes = [len(groups[i]) for i in keep]
+        return rewards, std, trajs, advs, sizes
+
+    def _units(self, pairs, sizes: list[int]) -> list[list[int]]:
+        """Index lists for one forward/backward each. With `share_prompt`, a unit is (part of)
+        one group, whose prompt is then computed once; else micro-batches of similar length."""
+        mb = self.train_cfg.micro_batch
+        if self.train_cfg.share_prompt:
+            units, start = [], 0
+            for size in sizes:
+                units += [list(range(i, min(i + mb, start + size))) for i in range(start, start + size, mb)]
+                start += size
+            return units
+        # similar lengths waste less compute on padding; normalisers are whole-batch counts,
+        # so the accumulated gradient is the full-batch gradient either way
+        order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
+        return [order[i:i + mb] for i in range(0, len(order), mb)]
+
+    def _logprobs(self, model, pairs, idx: list[int], with_entropy: bool = False):
+        ac = self.train_cfg.autocast
+        if self.train_cfg.share_prompt:
+            return shared_prompt_logprobs(model, pairs[idx[0]][0], [pairs[i][1] for i in idx], self.pad_id,
+                                          self.temperature, ac, with_entropy)
+        return completion_logprobs(model, [pairs[i] for i in idx], self.pad_id, self.temperature, ac, with_entropy)
 
     def step(self, groups: list[list[Trajectory]]) -> dict:
         """One optimizer step on a batch of prompt groups; returns TRL/verl-named metrics."""
         t0 = time.perf_counter()
-        rewards, std, trajs, advs = self._select(groups)
+        rewards, std, trajs, advs, sizes = self._select(groups)
         m = {
             "reward": rewards.mean().item(),
             "reward_std": std.mean().item(),
@@ -86,21 +109,19 @@ class GRPOTrainer:
         n_tok = float(sum(len(c) for _, c in pairs))
         n_seq = float(len(pairs))
         max_len = max(len(c) for _, c in pairs)
-        mb = self.train_cfg.micro_batch
-        chunks = [list(range(i, min(i + mb, len(pairs)))) for i in range(0, len(pairs), mb)]
-        ac = self.train_cfg.autocast
+        chunks = self._units(pairs, sizes)
 
         ref_logps, t_ref = [], time.perf_counter()
         if self.ref is not None:
             with torch.no_grad():
                 for idx in chunks:
-                    ref_logps.append(completion_logprobs(self.ref, [pairs[i] for i in idx], self.pad_id, self.temperature, ac)[0])
+                    ref_logps.append(self._logprobs(self.ref, pairs, idx)[0])
         t_ref = time.perf_counter() - t_ref
 
         self.policy.train()
         sums = {"kl": 0.0, "entropy": 0.0, "low": 0.0, "high": 0.0, "loss": 0.0, "gap": 0.0}
         for k, idx in enumerate(chunks):
-            logp, mask, ent = completion_logprobs(self.policy, [pairs[i] for i in idx], self.pad_id, self.temperature, ac, with_entropy=True)
+            logp, mask, ent = self._logprobs(self.policy, pairs, idx, with_entropy=True)
             old = logp.detach()  # single update per batch: the old policy is the current one
             tok_loss, clip = self.loss_fn(logp, old, advs[idx], clip_low=self.algo.clip_low, clip_high=self.algo.clip_high)
             if self.ref is not None:

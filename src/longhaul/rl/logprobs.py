@@ -38,6 +38,18 @@ def autocast_ctx(dtype: str):
     return contextlib.nullcontext()
 
 
+def _token_logprobs(logits, targets, mask, temperature: float, with_entropy: bool):
+    """(B, T, V) logits -> log-prob of each target (B, T), the mask, optional entropy (B, T)."""
+    logits = logits.float() / temperature
+    norm = logits.logsumexp(-1)  # (B, T); avoids a second (B, T, V) tensor for log_softmax
+    logp = (logits.gather(-1, targets[..., None]).squeeze(-1) - norm) * mask
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = (norm - (logits.softmax(-1) * logits).sum(-1)) * mask
+    return logp, mask, entropy
+
+
 def completion_logprobs(model, pairs, pad_id: int, temperature: float = 1.0, autocast: str = "none", with_entropy: bool = False):
     """Log-probs (B, T) of each completion token at `temperature`, its mask (B, T), and
     optionally the per-token entropy (B, T, no grad)."""
@@ -48,11 +60,39 @@ def completion_logprobs(model, pairs, pad_id: int, temperature: float = 1.0, aut
         hidden = model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, L, H)
         picked = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, T, H)
         logits = model.get_output_embeddings()(picked)  # (B, T, V)
-    logits = logits.float() / temperature
-    logp_all = logits.log_softmax(-1)
-    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1) * mask
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1) * mask
-    return logp, mask, entropy
+    return _token_logprobs(logits, targets, mask, temperature, with_entropy)
+
+
+def _cache_kw(model) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.base_model.forward).parameters else "past_key_values"
+
+
+def shared_prompt_logprobs(model, prompt: list[int], completions: list[list[int]], pad_id: int, temperature: float = 1.0,
+                           autocast: str = "none", with_entropy: bool = False):
+    """Same result as `completion_logprobs` for N completions of one prompt, with the prompt
+    run once: its keys/values are computed a single time and repeated for the N rows
+    (gradients flow back through the repeat), so a group of N costs P + N*C tokens, not N*(P+C)."""
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    n, T, P = len(completions), max(len(c) for c in completions), len(prompt)
+    comp = torch.full((n, T), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, T), dtype=torch.float32)
+    for b, c in enumerate(completions):
+        comp[b, : len(c)] = torch.tensor(c)
+        mask[b, : len(c)] = 1
+    comp, mask = comp.to(device), mask.to(device)
+    kw = _cache_kw(model)
+    cache = DynamicCache(config=model.config)
+    with autocast_ctx(autocast):
+        ids = torch.tensor([prompt], device=device)
+        first = model.base_model(input_ids=ids, use_cache=True, **{kw: cache}).last_hidden_state[:, -1:]  # (1, 1, H)
+        cache.batch_repeat_interleave(n)
+        attn = torch.cat([torch.ones((n, P), dtype=torch.long, device=device), mask.long()], dim=1)
+        pos = torch.arange(P, P + T, device=device).expand(n, T)
+        rest = model.base_model(input_ids=comp, attention_mask=attn, position_ids=pos, use_cache=True, **{kw: cache}).last_hidden_state
+        hidden = torch.cat([first.expand(n, 1, -1), rest[:, : T - 1]], dim=1)  # (N, T, H): state before each token
+        logits = model.get_output_embeddings()(hidden)
+    return _token_logprobs(logits, comp, mask, temperature, with_entropy)

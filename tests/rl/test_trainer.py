@@ -1,0 +1,75 @@
+import copy
+
+import pytest
+import torch
+
+from longhaul.config import AlgoConfig, TrainConfig
+from longhaul.models import load_policy
+from longhaul.rl.grpo import GRPOTrainer
+from longhaul.rl.logprobs import completion_logprobs, shared_prompt_logprobs
+from longhaul.types import Trajectory, Turn
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_shared_prompt_matches_separate_sequences_values_and_grads(name):
+    model, tok = load_policy(name)
+    prompt = tok("<|im_start|>user\nhello there friend<|im_end|>\n").input_ids
+    comps = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18], [19]]
+    lp1, m1, _ = completion_logprobs(model, [(prompt, c) for c in comps], tok.pad_token_id, 0.7)
+    lp1.sum().backward()
+    g1 = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    lp2, m2, _ = shared_prompt_logprobs(model, prompt, comps, tok.pad_token_id, 0.7)
+    lp2.sum().backward()
+    assert torch.equal(m1, m2)
+    diff = (lp1 - lp2).abs().max().item()
+    assert diff < 1e-5, f"logprob max diff {diff}"
+    for n, p in model.named_parameters():
+        rel = ((g1[n] - p.grad).abs().max() / g1[n].abs().max().clamp(min=1e-12)).item()
+        assert rel < 1e-4, f"{n}: relative grad diff {rel}"
+
+
+def _groups(tok, n_groups=3, size=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for k in range(n_groups):
+        prompt = tok(f"<|im_start|>user\nprompt number {k}<|im_end|>\n").input_ids
+        group = []
+        for j in range(size):
+            n = int(torch.randint(1, 9, (1,), generator=g))
+            ids = torch.randint(3, 200, (n,), generator=g).tolist()
+            turn = Turn(prompt, ids, [-1.0] * n, [0] * n, [1] * n)
+            group.append(Trajectory([turn], float(torch.rand((), generator=g) > 0.5) if j else float(j == 0), k))
+        groups.append(group)
+    return groups
+
+
+@pytest.mark.parametrize("share_prompt", [True, False])
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_accumulation_equals_full_batch(share_prompt, aggregation):
+    base, tok = load_policy("tiny-llama")
+    groups = _groups(tok)
+    params = []
+    for mb in (1, 16):
+        model = copy.deepcopy(base)
+        algo = AlgoConfig(kl_coef=0.05, aggregation=aggregation)
+        trainer = GRPOTrainer(model, tok.pad_token_id, algo, TrainConfig(micro_batch=mb, autocast="none", share_prompt=share_prompt, lr=1e-3))
+        m = trainer.step(groups)
+        assert m["num_trained_seqs"] > 0 and m["grad_norm"] > 0
+        params.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    for n in params[0]:
+        diff = (params[0][n] - params[1][n]).abs().max().item()
+        assert diff < 1e-5, f"{n}: max diff {diff}"
+
+
+def test_kl_zero_loads_no_reference_and_equal_groups_are_skipped():
+    model, tok = load_policy("tiny-llama")
+    trainer = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(kl_coef=0.0), TrainConfig(autocast="none"))
+    assert trainer.ref is None
+    groups = _groups(tok)
+    for t in groups[0]:
+        t.reward = 1.0
+    informative = [g for g in groups if len({t.reward for t in g}) > 1]
+    m = trainer.step(groups)
+    assert m["frac_reward_zero_std"] == pytest.approx(1 - len(informative) / len(groups))
+    assert m["num_trained_seqs"] == sum(len(g) for g in informative)
