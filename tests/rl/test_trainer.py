@@ -73,3 +73,19 @@ def test_kl_zero_loads_no_reference_and_equal_groups_are_skipped():
     m = trainer.step(groups)
     assert m["frac_reward_zero_std"] == pytest.approx(1 - len(informative) / len(groups))
     assert m["num_trained_seqs"] == sum(len(g) for g in informative)
+
+
+def test_token_logprobs_and_entropy_match_softmax_reference():
+    from longhaul.rl.logprobs import _token_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 11, generator=g, dtype=torch.float64) * 3
+    targets = torch.randint(0, 11, (2, 3), generator=g)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
+    logp, _, ent = _token_logprobs(logits, targets, mask, temperature=0.5, with_entropy=True)
+    ref_all = torch.log_softmax(logits / 0.5, -1)
+    want = ref_all.gather(-1, targets[..., None]).squeeze(-1) * mask
+    want_ent = -(ref_all.exp() * ref_all).sum(-1) * mask
+    # computed in float32 (logits are upcast from bf16 there), so float32 tolerances
+    assert (logp - want).abs().max().item() < 1e-5
+    assert (ent - want_ent).abs().max().item() < 1e-5
