@@ -50,7 +50,7 @@ def _comparison_table(cmp: dict) -> str:
         "<table border='1' cellpadding='4' style='border-collapse:collapse'><tr><th>policy</th><th>passed</th>"
         "<th>pass rate</th><th>95% interval</th></tr>" + "".join(rows) + "</table>"
         f"<p>difference {100 * cmp['difference']:+.1f} points (paired bootstrap 95% [{100 * lo:+.1f}, {100 * hi:+.1f}]); "
-        f"McNemar exact: gained {t['gained']}, lost {t['lost']}, p = {t['p_value']:.4f} "
+        f"McNemar exact: gained {t['gained']}, lost {t['lost']}, p = {t['p_value']:.2g} "
         f"({'significant' if cmp['significant'] else 'not significant'} at 95%)</p>"
     )
 

@@ -180,5 +180,5 @@ def _print_comparison(cmp: dict) -> None:
         table.add_row(key, f"{s['passed']}/{s['n']}", f"{100 * s['pass_rate']:.1f}%", f"[{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}]")
     console.print(table)
     t = cmp["mcnemar"]
-    console.print(f"difference {100 * cmp['difference']:+.1f} points; McNemar exact p = {t['p_value']:.4f} "
+    console.print(f"difference {100 * cmp['difference']:+.1f} points; McNemar exact p = {t['p_value']:.2g} "
                   f"(gained {t['gained']}, lost {t['lost']}): {'significant' if cmp['significant'] else 'not significant'} at 95%")
