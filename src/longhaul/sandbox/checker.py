@@ -1,0 +1,181 @@
+"""The fast path for code checks: one Python interpreter started inside a sandbox that forks
+per check, so a HumanEval-sized check costs a fork, not an interpreter start-up.
+
+Each check runs in a fresh forked child (own process group, CPU rlimit, alarm for the wall
+clock, output to private files capped by RLIMIT_FSIZE), so checks do not see each other's
+state. The server itself is untrusted-code-adjacent: it runs in the sandbox, under its cgroup.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import threading
+import time
+
+from longhaul.sandbox import bwrap as bw
+from longhaul.sandbox.runner import rlimit_preexec
+from longhaul.sandbox.sandbox import Sandbox
+from longhaul.sandbox.spec import ExecResult, SandboxSpec
+
+SERVER = r'''
+import json, os, resource, signal, struct, sys, time
+inp, out = sys.stdin.buffer, sys.stdout.buffer
+n = 0
+while True:
+    head = inp.read(4)
+    if len(head) < 4:
+        break
+    req = json.loads(inp.read(struct.unpack(">I", head)[0]))
+    n += 1
+    paths = ("/tmp/.o%d" % n, "/tmp/.e%d" % n)
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.setpgid(0, 0)
+        for fd, p in zip((1, 2), paths):
+            f = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(f, fd)
+        nul = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(nul, 0)
+        cpu = max(1, int(req["cpu"] + 0.999))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        signal.alarm(max(1, int(req["timeout"] + 0.999)))
+        code = 0
+        try:
+            exec(compile(req["code"], "<check>", "exec"), {"__name__": "__main__"})
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(code)
+    _, status, ru = os.wait4(pid, 0)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    cap = req["cap"]
+    outs = []
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                data = f.read(cap + 1)
+            os.unlink(p)
+        except OSError:
+            data = b""
+        outs.append(data)
+    res = {"status": status, "wall": time.monotonic() - t0,
+           "cpu": ru.ru_utime + ru.ru_stime, "rss": ru.ru_maxrss * 1024,
+           "out": outs[0][:cap].decode("utf-8", "replace"), "err": outs[1][:cap].decode("utf-8", "replace"),
+           "trunc": any(len(o) > cap for o in outs)}
+    b = json.dumps(res).encode()
+    out.write(struct.pack(">I", len(b)) + b)
+    out.flush()
+'''
+
+
+class PythonChecker:
+    """Run Python programs (a solution plus its tests) through a forking server in a sandbox."""
+
+    def __init__(self, spec: SandboxSpec | None = None, backend: str | None = None, audit=None):
+        self.sandbox = Sandbox(spec, backend, audit)
+        self._lock = threading.Lock()
+        self._proc = None
+        self._start()
+
+    def _start(self) -> None:
+        sb = self.sandbox
+        argv = ["python3", "-I", "-c", SERVER]
+        cg = sb.cgroup
+        preexec = rlimit_preexec(sb.spec, sb.uid, cg is not None, cg.add_self if cg else None)
+        if sb.backend == "bwrap":
+            cmd, env, cwd = bw.bwrap_argv(sb.spec, sb.workdir, sb.etc, argv), {"PATH": "/usr/bin:/bin"}, None
+        else:
+            cmd, env, cwd = argv, bw.sandbox_env(sb.spec), str(sb.workdir)
+        # RLIMIT_CPU counts the server's own time only (each forked check has its own counter);
+        # a server that ever runs out is simply restarted by `check`
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      env=env, cwd=cwd, preexec_fn=preexec)
+
+    def check(self, code: str, timeout: float = 5.0) -> ExecResult:
+        req = json.dumps({"code": code, "timeout": timeout, "cpu": min(timeout, self.sandbox.spec.cpu_s),
+                          "cap": self.sandbox.spec.output_bytes}).encode()
+        with self._lock:
+            t0 = time.monotonic()
+            before = self.sandbox.cgroup.counters() if self.sandbox.cgroup else {}
+            try:
+                self._proc.stdin.write(struct.pack(">I", len(req)) + req)
+                self._proc.stdin.flush()
+                head = self._read(4, timeout + 5)
+                res = json.loads(self._read(struct.unpack(">I", head)[0], 5))
+            except (OSError, TimeoutError, struct.error, ValueError):
+                self._restart()  # the server died (OOM, pids) or hung: start a fresh one
+                after = self.sandbox.cgroup.counters() if self.sandbox.cgroup else {}
+                hit = "memory" if after.get("oom_kill", 0) > before.get("oom_kill", 0) else "wall"
+                return ExecResult(None, 9, "", "check server lost\n", False, hit, time.monotonic() - t0, 0.0, 0)
+        after = self.sandbox.cgroup.counters() if self.sandbox.cgroup else {}
+        return _result(res, timeout, before, after)
+
+    def _read(self, n: int, timeout: float) -> bytes:
+        out = self._proc.stdout
+        timer = threading.Timer(timeout, self._proc.kill)
+        timer.start()
+        try:
+            data = out.read(n)
+        finally:
+            timer.cancel()
+        if len(data) < n:
+            raise TimeoutError("check server closed its output")
+        return data
+
+    def _restart(self) -> None:
+        self._proc.kill()
+        self._proc.wait()
+        if self.sandbox.cgroup:
+            self.sandbox.cgroup.kill_all()
+        self._start()
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            for f in (self._proc.stdin, self._proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+            self._proc = None
+        self.sandbox.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _result(res: dict, timeout: float, before: dict, after: dict) -> ExecResult:
+    import os
+    import signal as sg
+
+    status = res["status"]
+    code = os.waitstatus_to_exitcode(status)
+    sig = -code if code < 0 else None
+    hit = None
+    if after.get("oom_kill", 0) > before.get("oom_kill", 0) or "MemoryError" in res["err"]:
+        hit = "memory"
+    elif sig == sg.SIGALRM:
+        hit = "wall"
+    elif sig in (sg.SIGXCPU, sg.SIGKILL) and res["cpu"] >= 0.9 * timeout:
+        hit = "cpu"
+    elif after.get("pids_max", 0) > before.get("pids_max", 0):
+        hit = "pids"
+    elif "File too large" in res["err"]:
+        hit = "fsize"
+    elif res["trunc"]:
+        hit = "output"
+    return ExecResult(None if sig else code, sig, res["out"], res["err"], res["trunc"], hit, res["wall"], res["cpu"], res["rss"])

@@ -1,0 +1,139 @@
+"""Spawn one command under limits, drain its output without ever blocking on a full pipe,
+enforce the wall clock, and classify which limit (if any) stopped it."""
+
+from __future__ import annotations
+
+import os
+import resource
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from longhaul.sandbox.spec import ExecResult, SandboxSpec
+
+
+@dataclass
+class Launch:
+    argv: list[str]
+    env: dict | None
+    cwd: str | None
+    preexec: Callable[[], None]
+    kill_all: Callable[[], None]  # kills every process the command started
+    counters: Callable[[], dict] | None = None  # cgroup counters, read before and after
+    wrapped: bool = False  # bwrap reports a signal death as exit code 128 + signal
+
+
+def rlimit_preexec(spec: SandboxSpec, uid: int | None, use_cgroup_limits: bool, join: Callable[[], None] | None):
+    """The child side, between fork and exec: join the cgroup, set rlimits, drop to the sandbox uid."""
+    cpu = max(1, int(spec.cpu_s + 0.999))
+
+    def apply():
+        os.setsid()
+        if join:
+            join()
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (spec.fsize_bytes, spec.fsize_bytes))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (spec.open_files, spec.open_files))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if not use_cgroup_limits:
+            resource.setrlimit(resource.RLIMIT_AS, (spec.memory_bytes, spec.memory_bytes))
+        if uid is not None:
+            # the kernel ignores RLIMIT_NPROC for root, so it only holds once we are `uid`
+            # with a pids cgroup it is a backstop set above the cgroup, so the cgroup (which counts refusals) trips first
+            nproc = spec.pids + 16 if use_cgroup_limits else spec.pids
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+    return apply
+
+
+def _feed(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+    except (BrokenPipeError, OSError):
+        pass
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
+def run(launch: Launch, spec: SandboxSpec, stdin: bytes | None, timeout: float) -> ExecResult:
+    before = launch.counters() if launch.counters else {}
+    start = time.monotonic()
+    proc = subprocess.Popen(launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=launch.env, cwd=launch.cwd, preexec_fn=launch.preexec, close_fds=True)
+    feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin or b""), daemon=True)
+    feeder.start()
+    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    sel = selectors.DefaultSelector()
+    for f in bufs:
+        os.set_blocking(f.fileno(), False)
+        sel.register(f, selectors.EVENT_READ)
+    deadline = start + timeout
+    hit, truncated = None, False
+    while sel.get_map():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            hit = "wall"
+            break
+        for key, _ in sel.select(timeout=min(left, 0.5)):
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            buf = bufs[key.fileobj]
+            room = spec.output_bytes - len(buf)
+            buf += chunk[:max(0, room)]
+            if len(chunk) > room:
+                truncated = True
+        if truncated:
+            hit = "output"
+            break
+    if hit:
+        launch.kill_all()
+    sel.close()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    launch.kill_all()  # daemons that outlived the main process
+    for f in bufs:
+        f.close()
+    wall = time.monotonic() - start
+    code = proc.returncode
+    sig = -code if code < 0 else None
+    if launch.wrapped and code is not None and 128 < code <= 128 + 64:
+        sig = code - 128
+    exit_code = None if sig else code
+    after = launch.counters() if launch.counters else {}
+    # bwrap's own rusage misses processes reaped inside its pid namespace; the cgroup sees all
+    cpu = (after["cpu_ns"] - before["cpu_ns"]) / 1e9 if "cpu_ns" in after else usage.ru_utime + usage.ru_stime
+    peak = after.get("peak") or usage.ru_maxrss * 1024
+    stderr = bytes(bufs[proc.stderr])
+    if hit is None:
+        hit = _classify(spec, sig, cpu, stderr, before, after)
+    return ExecResult(exit_code, sig, bytes(bufs[proc.stdout]).decode("utf-8", "replace"), stderr.decode("utf-8", "replace"),
+                      truncated, hit, wall, cpu, peak)
+
+
+def _classify(spec: SandboxSpec, sig: int | None, cpu: float, stderr: bytes, before: dict, after: dict):
+    if after.get("oom_kill", 0) > before.get("oom_kill", 0):
+        return "memory"
+    if after.get("pids_max", 0) > before.get("pids_max", 0):
+        return "pids"
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= spec.cpu_s * 0.95):
+        return "cpu"
+    if sig == signal.SIGXFSZ or b"File too large" in stderr or b"No space left on device" in stderr:
+        return "fsize"
+    if sig == signal.SIGKILL and after.get("mem_fail", 0) > before.get("mem_fail", 0):
+        return "memory"
+    if b"MemoryError" in stderr or b"Cannot allocate memory" in stderr:
+        return "memory"  # the rlimit fallback: allocation refused rather than OOM-killed
+    if b"Resource temporarily unavailable" in stderr or b"Cannot fork" in stderr or b"fork: retry" in stderr:
+        return "pids"
+    return None

@@ -1,0 +1,210 @@
+"""`Sandbox`: one isolated workdir and the commands run in it.
+
+Backends: `bwrap` (namespaces, read-only system, private size-capped workdir, cgroup limits,
+an unprivileged uid) and `process` (rlimits only, for machines without bubblewrap; it is not
+an isolation boundary and says so). The file API resolves every path beneath the workdir and
+refuses symlinks that leave it. `close()` is idempotent and leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from pathlib import Path
+
+from longhaul.errors import LonghaulError
+from longhaul.sandbox import bwrap as bw
+from longhaul.sandbox.audit import AuditLog
+from longhaul.sandbox.cgroup import CGroup
+from longhaul.sandbox.runner import Launch, rlimit_preexec, run
+from longhaul.sandbox.spec import ExecResult, SandboxSpec
+
+_UIDS = itertools.count()
+UID_BASE = 61000  # host uids for sandboxes when we are root (one per sandbox, so RLIMIT_NPROC is per sandbox)
+
+
+class SandboxError(LonghaulError):
+    pass
+
+
+def default_backend() -> str:
+    if shutil.which("bwrap"):
+        return "bwrap"
+    warnings.warn("bubblewrap not found (apt-get install bubblewrap): sandboxes fall back to the `process` backend, "
+                  "which applies rlimits but does NOT isolate", RuntimeWarning, stacklevel=2)
+    return "process"
+
+
+class Sandbox:
+    def __init__(self, spec: SandboxSpec | None = None, backend: str | None = None, audit: AuditLog | str | None = None):
+        self.spec = spec or SandboxSpec()
+        self.backend = backend or default_backend()
+        if self.backend not in ("bwrap", "process"):
+            raise SandboxError(f"unknown sandbox backend {self.backend!r}; choose 'bwrap' or 'process'")
+        if self.backend == "bwrap":
+            bw.bwrap_path()
+        self.id = uuid.uuid4().hex[:12]
+        self.audit = audit if isinstance(audit, AuditLog) else AuditLog(audit)
+        self.root = Path(tempfile.mkdtemp(prefix=f"longhaul-sbx-{self.id}-"))
+        self.workdir = self.root / "work"
+        self.workdir.mkdir()
+        self._mounted = False
+        self.uid = None
+        if os.geteuid() == 0:
+            self.uid = UID_BASE + (os.getpid() * 7 + next(_UIDS)) % 4000
+            self._mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.spec.disk_bytes},mode=0755,nosuid,nodev",
+                                            "tmpfs", str(self.workdir)], capture_output=True).returncode == 0
+            os.chown(self.workdir, self.uid, self.uid)
+            os.chmod(self.root, 0o755)
+        self.etc = bw.write_etc(self.root)
+        self.cgroup = CGroup.create(self.spec.memory_bytes, self.spec.pids)
+        self._snapshots: dict[str, Path] = {}
+        self._closed = False
+        self._sessions: list = []
+
+    # ---- commands -------------------------------------------------------------------
+    def _launch(self, argv: list[str], cwd: str | None) -> Launch:
+        cg = self.cgroup
+        preexec = rlimit_preexec(self.spec, self.uid, cg is not None, cg.add_self if cg else None)
+        kill = cg.kill_all if cg else (lambda: None)
+        counters = cg.counters if cg else None
+        if self.backend == "bwrap":
+            full = bw.bwrap_argv(self.spec, self.workdir, self.etc, argv, cwd or "/work")
+            return Launch(full, {"PATH": "/usr/bin:/bin"}, None, preexec, kill, counters, wrapped=True)
+        env = bw.sandbox_env(self.spec)
+        env["HOME"] = str(self.workdir)
+        work = str(self.workdir / cwd.removeprefix("/work").lstrip("/")) if cwd else str(self.workdir)
+        return Launch(argv, env, work, preexec, kill, counters)
+
+    def _refuse(self, argv: list[str]) -> str | None:
+        allow = self.spec.allow_commands
+        if allow is None:
+            return None
+        name = os.path.basename(argv[0]) if argv else ""
+        return None if name in allow else f"longhaul sandbox: command {name!r} is not allowed here (allowed: {', '.join(allow)})\n"
+
+    def exec(self, argv: list[str], stdin: bytes | str | None = None, timeout: float | None = None, cwd: str | None = None) -> ExecResult:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.id} is closed; open a new one")
+        if not argv:
+            raise SandboxError("exec needs a non-empty argv")
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        started = time.time()
+        refusal = self._refuse(argv)
+        if refusal:
+            res = ExecResult(126, None, "", refusal, False, None, 0.0, 0.0, 0)
+            self.audit.record(self.id, argv, self.spec.limits(), data, res, started, refused="command not allowed")
+            return res
+        if self.cgroup:
+            self.cgroup.reset_peak()
+        res = run(self._launch(list(argv), cwd), self.spec, data, timeout or self.spec.wall_s)
+        self.audit.record(self.id, list(argv), self.spec.limits(), data, res, started)
+        return res
+
+    # ---- files ----------------------------------------------------------------------
+    def resolve(self, path: str) -> Path:
+        """A sandbox path (`/work/a`, or relative to it) as a host path beneath the workdir."""
+        rel = path.removeprefix("/work").lstrip("/") if path.startswith("/work") else path
+        if os.path.isabs(rel):
+            raise SandboxError(f"path {path!r} is outside the workdir /work")
+        host = (self.workdir / rel)
+        real = Path(os.path.realpath(host))
+        base = Path(os.path.realpath(self.workdir))
+        if real != base and base not in real.parents:
+            raise SandboxError(f"path {path!r} leaves the workdir (through '..' or a symlink)")
+        return host
+
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        host = self.resolve(path)
+        host.parent.mkdir(parents=True, exist_ok=True)
+        raw = data.encode() if isinstance(data, str) else data
+        if len(raw) > self.spec.fsize_bytes:
+            raise SandboxError(f"write of {len(raw)} bytes to {path!r} is over the file size limit {self.spec.fsize_bytes}")
+        fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+        if self.uid is not None:
+            os.chown(host, self.uid, self.uid)
+
+    def read_file(self, path: str, limit: int | None = None) -> bytes:
+        host = self.resolve(path)
+        fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            return f.read(limit if limit is not None else self.spec.output_bytes)
+
+    # ---- state ----------------------------------------------------------------------
+    def snapshot(self) -> str:
+        token = uuid.uuid4().hex[:8]
+        dst = self.root / "snapshots" / token
+        shutil.copytree(self.workdir, dst, symlinks=True)
+        self._snapshots[token] = dst
+        return token
+
+    def restore(self, token: str) -> None:
+        src = self._snapshots.get(token)
+        if src is None:
+            raise SandboxError(f"no snapshot {token!r} in sandbox {self.id}")
+        for child in self.workdir.iterdir():
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        shutil.copytree(src, self.workdir, symlinks=True, dirs_exist_ok=True)
+        if self.uid is not None:
+            for dirpath, dirnames, filenames in os.walk(self.workdir):
+                for name in [*dirnames, *filenames]:
+                    os.lchown(os.path.join(dirpath, name), self.uid, self.uid)
+
+    def state_digest(self, paths: list[str] | None = None) -> str:
+        """sha256 over (relative path, type, content) of the given paths or the whole workdir; links are not followed."""
+        h = hashlib.sha256()
+        roots = [self.resolve(p) for p in paths] if paths else [self.workdir]
+        for root in roots:
+            items = [root] if root.is_file() or root.is_symlink() else sorted(root.rglob("*"))
+            for p in items:
+                rel = str(p.relative_to(self.workdir))
+                if p.is_symlink():
+                    h.update(f"L {rel} -> {os.readlink(p)}\n".encode())
+                elif p.is_file():
+                    h.update(f"F {rel}\n".encode() + p.read_bytes())
+                elif p.is_dir():
+                    h.update(f"D {rel}\n".encode())
+        return h.hexdigest()
+
+    # ---- sessions and lifetime ------------------------------------------------------
+    def open_session(self):
+        from longhaul.sandbox.session import Session
+
+        s = Session(self)
+        self._sessions.append(s)
+        return s
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for s in self._sessions:
+            s.close()
+        if self.cgroup:
+            self.cgroup.remove()
+        if self._mounted:
+            subprocess.run(["umount", "-l", str(self.workdir)], capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,143 @@
+"""A persistent shell in a sandbox: `run` keeps the working directory and environment between
+commands, `interrupt` stops what is running without losing the shell, `close` ends it all."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+from longhaul.sandbox import bwrap as bw
+from longhaul.sandbox.runner import rlimit_preexec
+from longhaul.sandbox.spec import ExecResult
+
+
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(name))
+    return kids
+
+
+def _descendants(pid: int) -> list[int]:
+    kids, out, todo = _children_map(), [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class Session:
+    def __init__(self, sandbox):
+        self.sandbox = sandbox
+        self._marker = f"__longhaul_{uuid.uuid4().hex}__"
+        self._cond = threading.Condition()
+        self._bufs = {"out": bytearray(), "err": bytearray()}
+        self._closed = False
+        sb = sandbox
+        cg = sb.cgroup
+        argv = ["bash", "--noprofile", "--norc"]
+        preexec = rlimit_preexec(sb.spec, sb.uid, cg is not None, cg.add_self if cg else None)
+        if sb.backend == "bwrap":
+            cmd, env, cwd = bw.bwrap_argv(sb.spec, sb.workdir, sb.etc, argv), {"PATH": "/usr/bin:/bin"}, None
+        else:
+            cmd, env, cwd = argv, {**bw.sandbox_env(sb.spec), "HOME": str(sb.workdir)}, str(sb.workdir)
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      env=env, cwd=cwd, preexec_fn=preexec)
+        for key, stream in (("out", self._proc.stdout), ("err", self._proc.stderr)):
+            threading.Thread(target=self._pump, args=(key, stream), daemon=True).start()
+
+    def _pump(self, key: str, stream) -> None:
+        cap = self.sandbox.spec.output_bytes * 2
+        while True:
+            chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+            with self._cond:
+                if chunk:
+                    buf = self._bufs[key]
+                    buf += chunk
+                    if len(buf) > cap:  # keep the tail, where the marker will be
+                        del buf[: len(buf) - cap]
+                self._cond.notify_all()
+            if not chunk:
+                return
+
+    def _shell_pid(self) -> int | None:
+        for pid in _descendants(self._proc.pid):
+            if _comm(pid) == "bash":
+                return pid
+        return None
+
+    def interrupt(self) -> None:
+        """Kill whatever the shell is running; the shell and its state stay."""
+        shell = self._shell_pid()
+        if shell is None:
+            return
+        for pid in reversed(_descendants(shell)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def run(self, command: str, timeout: float | None = None) -> ExecResult:
+        if self._closed or self._proc.poll() is not None:
+            raise RuntimeError("session is closed")
+        timeout = timeout or self.sandbox.spec.wall_s
+        m = self._marker
+        script = f"{{\n{command}\n}} < /dev/null\n__lh_rc=$?; printf '\\n{m}:%d\\n' $__lh_rc; printf '\\n{m}\\n' >&2\n"
+        start = time.monotonic()
+        with self._cond:
+            self._bufs["out"].clear()
+            self._bufs["err"].clear()
+        self._proc.stdin.write(script.encode())
+        self._proc.stdin.flush()
+        hit = None
+        end = m.encode()
+        with self._cond:
+            done = lambda: end + b":" in self._bufs["out"] and b"\n" + end + b"\n" in self._bufs["err"]
+            if not self._cond.wait_for(done, timeout=timeout):
+                hit = "wall"
+        if hit:
+            self.interrupt()
+            with self._cond:
+                self._cond.wait_for(done, timeout=5)
+        with self._cond:
+            out, err = bytes(self._bufs["out"]), bytes(self._bufs["err"])
+        head, _, tail = out.rpartition(b"\n" + end + b":")
+        code = int(tail.split(b"\n")[0] or -1) if tail else None
+        err = err.rpartition(b"\n" + end + b"\n")[0]
+        cap = self.sandbox.spec.output_bytes
+        truncated = len(head) > cap or len(err) > cap
+        sig = code - 128 if code and code > 128 else None
+        return ExecResult(None if sig else code, sig, head[:cap].decode("utf-8", "replace"), err[:cap].decode("utf-8", "replace"),
+                          truncated, hit or ("output" if truncated else None), time.monotonic() - start, 0.0, 0)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._proc.kill()
+        self._proc.wait()
+        for f in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass

@@ -1,0 +1,96 @@
+import asyncio
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from longhaul.sandbox.checker import PythonChecker
+from longhaul.sandbox.pool import SandboxPool
+from longhaul.sandbox.sandbox import Sandbox
+from longhaul.sandbox.spec import SandboxSpec
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+def test_session_keeps_cwd_and_env_and_survives_interrupt():
+    with Sandbox(SandboxSpec(wall_s=5)) as sb:
+        s = sb.open_session()
+        assert s.run("mkdir -p /work/d && cd /work/d && export FOO=bar").exit_code == 0
+        r = s.run("pwd; echo $FOO; printf tail")
+        assert r.stdout == "/work/d\nbar\ntail"
+        r = s.run("sleep 100", timeout=0.5)
+        assert r.limit_hit == "wall"
+        assert s.run("pwd; false").stdout == "/work/d\n"
+        assert s.run("cat").exit_code == 0  # stdin is /dev/null, not the command stream
+        s.close()
+
+
+def test_pool_bounds_resets_and_reports():
+    async def main():
+        pool = SandboxPool(2, SandboxSpec(wall_s=5))
+        try:
+            async def job(i):
+                async with pool.sandbox() as sb:
+                    r = await asyncio.to_thread(sb.exec, ["sh", "-c", f"ls /work; echo {i} > /work/f{i}"])
+                    return r.stdout
+            listings = await asyncio.gather(*(job(i) for i in range(6)))
+            assert all(out == "" for out in listings)  # every job saw a clean workdir
+            assert len(pool._all) == 2
+            r = await pool.exec(["true"])
+            assert r.ok
+            m = pool.metrics()
+            assert m["in_use"] == 0 and m["execs"] == 1 and m["exec_latency_p50_s"] > 0
+        finally:
+            pool.close()
+    asyncio.run(main())
+
+
+def test_checker_runs_checks_and_survives_a_memory_bomb():
+    with PythonChecker(SandboxSpec(cpu_s=2, memory_bytes=128 << 20)) as c:
+        assert c.check("print('hi')").stdout == "hi\n"
+        assert c.check("assert 1 == 2").exit_code == 1
+        assert c.check("import time\ntime.sleep(30)", timeout=1).limit_hit == "wall"
+        assert c.check("x = []\nwhile True: x.append(bytearray(1 << 24))").limit_hit == "memory"
+        assert c.check("print(sum(range(10)))").stdout == "45\n"
+
+
+def _counts():
+    fds = len(os.listdir("/proc/self/fd"))
+    with open("/proc/self/mountinfo") as f:
+        mounts = sum(1 for _ in f)
+    tmp = len([p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith("longhaul-sbx-")])
+    kids = sum(1 for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == os.getpid())
+    return {"fds": fds, "mounts": mounts, "tempdirs": tmp, "children": kids}
+
+
+def _ppid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _many_execs(n):
+    Sandbox(SandboxSpec()).close()  # one-time set-up (exposed interpreter mount) before counting
+    before = _counts()
+    with Sandbox(SandboxSpec(wall_s=5)) as sb:
+        for i in range(n):
+            r = sb.exec(["sh", "-c", "echo $$ > /dev/null; (sleep 30 &)"] if i % 10 == 0 else ["true"])
+            assert r.exit_code == 0
+    for _ in range(3):
+        s = Sandbox(SandboxSpec())
+        s.exec(["true"])
+        s.close()
+    assert _counts() == before
+
+
+def test_hundreds_of_execs_leak_nothing():
+    _many_execs(200)
+
+
+@pytest.mark.slow
+def test_thousands_of_execs_leak_nothing():
+    _many_execs(3000)
