@@ -16,6 +16,8 @@ from longhaul.errors import LonghaulError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Post-train language models into long-horizon agents.")
 model_app = typer.Typer(no_args_is_help=True, help="Prepare and inspect models.")
 app.add_typer(model_app, name="model")
+sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in the sandbox.")
+app.add_typer(sandbox_app, name="sandbox")
 
 
 @app.command()
@@ -80,12 +82,52 @@ def model_prepare(name: str = typer.Argument(..., help="built-in model name")):
     prepare_builtin(name)
 
 
+@sandbox_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sandbox_run(
+    command: list[str] = typer.Argument(..., help="the command, after --"),
+    wall: float = typer.Option(30.0, "--wall", help="wall-clock seconds"),
+    cpu: float = typer.Option(30.0, "--cpu", help="CPU seconds per process"),
+    mem: int = typer.Option(512, "--mem", help="memory, MB"),
+    pids: int = typer.Option(64, "--pids", help="processes"),
+    fsize: int = typer.Option(64, "--fsize", help="largest file, MB"),
+    disk: int = typer.Option(256, "--disk", help="workdir tmpfs size, MB"),
+    net: str = typer.Option("none", "--net", help="none or loopback (both private to the sandbox)"),
+    allow: Optional[list[str]] = typer.Option(None, "--allow", help="allowed command (repeatable); default any"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="bwrap (default) or process (no isolation)"),
+    audit: Optional[str] = typer.Option(None, "--audit", help="append the audit JSON line to this file"),
+    json_out: bool = typer.Option(False, "--json", help="print the ExecResult as one JSON object"),
+):
+    """Run one command in a fresh sandbox and exit with its exit code."""
+    import json
+
+    from longhaul.sandbox import Sandbox, SandboxSpec
+
+    try:
+        spec = SandboxSpec(wall_s=wall, cpu_s=cpu, memory_bytes=mem << 20, pids=pids, fsize_bytes=fsize << 20,
+                           disk_bytes=disk << 20, network=net, allow_commands=tuple(allow) if allow else None)
+    except ValueError as e:
+        raise LonghaulError(f"{e}; fix the option") from e
+    with Sandbox(spec, backend=backend, audit=audit) as sb:
+        res = sb.exec(command)
+    if json_out:
+        print(json.dumps(res.to_dict()))
+    else:
+        sys.stdout.write(res.stdout)
+        sys.stderr.write(res.stderr)
+        if res.limit_hit:
+            print(f"longhaul sandbox: stopped by the {res.limit_hit} limit", file=sys.stderr)
+    code = res.exit_code if res.exit_code is not None else 128 + (res.signal or 9)
+    raise typer.Exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     try:
-        app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False)
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except LonghaulError as e:
         if debug:
             raise

@@ -94,3 +94,14 @@ def test_hundreds_of_execs_leak_nothing():
 @pytest.mark.slow
 def test_thousands_of_execs_leak_nothing():
     _many_execs(3000)
+
+
+def test_checker_audits_every_check(tmp_path):
+    import json
+
+    with PythonChecker(SandboxSpec(), audit=tmp_path / "audit.jsonl") as c:
+        c.check("print(1)")
+        c.check("raise SystemExit(4)")
+    rows = [json.loads(l) for l in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [r["exit_code"] for r in rows] == [0, 4]
+    assert all(r["argv"] == ["python-check"] and r["stdin_sha256"] for r in rows)

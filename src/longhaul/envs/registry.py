@@ -12,12 +12,13 @@ from types import SimpleNamespace
 from longhaul.envs import echo, funcgen
 from longhaul.envs.code import extract_code
 from longhaul.errors import LonghaulError
-from longhaul.sandbox import run_many
+from longhaul.sandbox import shared_pool
 from longhaul.types import Score
 
 
 def score_code(tasks, replies: list[str], timeout_s: float = 5.0, workers: int = 2) -> list[Score]:
-    """Run each reply's code followed by its task's hidden tests; pass iff the process exits 0."""
+    """Run each reply's code followed by its task's hidden tests in the sandbox's check servers;
+    pass iff the check exits 0 within its limits."""
     programs, scores = [], {}
     for i, (task, reply) in enumerate(zip(tasks, replies)):
         code = extract_code(reply)
@@ -27,9 +28,9 @@ def score_code(tasks, replies: list[str], timeout_s: float = 5.0, workers: int =
             scores[i] = Score(0.0, False, "syntax")
             continue
         programs.append((i, code + "\n\n" + task.tests + "\n"))
-    results = run_many([p for _, p in programs], timeout_s=timeout_s, workers=workers)
+    results = shared_pool(workers).run_many([p for _, p in programs], timeout=timeout_s)
     for (i, _), r in zip(programs, results):
-        status = "timeout" if r.timed_out else ("pass" if r.ok else "fail")
+        status = "timeout" if r.limit_hit in ("wall", "cpu") else ("pass" if r.ok else "fail")
         scores[i] = Score(1.0 if r.ok else 0.0, r.ok, status)
     return [scores[i] for i in range(len(replies))]
 

@@ -1,10 +1,14 @@
-"""Execution of model-written code.
+"""Isolated, limited, audited execution of model-written code.
 
-For now one backend, `process`: a child process with rlimits and a wall-clock kill of its
-whole process group. It is NOT an isolation boundary (no namespaces); the bubblewrap
-backend of the sandbox issue replaces it behind the same call.
+`Sandbox` (backends `bwrap` and `process`), `SandboxSpec`, `ExecResult`, sessions,
+`SandboxPool`, and the forking `PythonChecker` fast path for code checks. The `process`
+backend applies rlimits only and is not an isolation boundary; it is used only when chosen
+or when bubblewrap is missing (with a warning).
 """
 
-from longhaul.sandbox.process import ExecResult, run_python, run_many
+from longhaul.sandbox.checker import CheckerPool, PythonChecker, shared_pool
+from longhaul.sandbox.pool import SandboxPool
+from longhaul.sandbox.sandbox import Sandbox, SandboxError
+from longhaul.sandbox.spec import ExecResult, SandboxSpec
 
-__all__ = ["ExecResult", "run_python", "run_many"]
+__all__ = ["CheckerPool", "ExecResult", "PythonChecker", "Sandbox", "SandboxError", "SandboxPool", "SandboxSpec", "shared_pool"]

@@ -93,10 +93,12 @@ def bwrap_argv(spec: SandboxSpec, workdir: Path, etc: Path, argv: list[str], cwd
     return a + ["--", *argv]
 
 
-def sandbox_env(spec: SandboxSpec) -> dict:
+def sandbox_env(spec: SandboxSpec, python_dir: str | None = None) -> dict:
+    """The environment inside: spec.env, the allowed names, and the interpreter first on PATH
+    (at `python_dir` where it is seen elsewhere, as with the process backend)."""
     env = dict(spec.env)
     if spec.python and "PATH" in env:
-        env["PATH"] = f"{spec.python}/bin:{env['PATH']}"
+        env["PATH"] = f"{python_dir or spec.python}/bin:{env['PATH']}"
     for name in spec.env_allow:
         if name in os.environ:
             env[name] = os.environ[name]

@@ -95,7 +95,7 @@ class PythonChecker:
         if sb.backend == "bwrap":
             cmd, env, cwd = bw.bwrap_argv(sb.spec, sb.workdir, sb.etc, argv), {"PATH": "/usr/bin:/bin"}, None
         else:
-            cmd, env, cwd = argv, bw.sandbox_env(sb.spec), str(sb.workdir)
+            cmd, env, cwd = argv, bw.sandbox_env(sb.spec, bw.expose(sb.spec.python)), str(sb.workdir)
         # RLIMIT_CPU counts the server's own time only (each forked check has its own counter);
         # a server that ever runs out is simply restarted by `check`
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -104,6 +104,7 @@ class PythonChecker:
     def check(self, code: str, timeout: float = 5.0) -> ExecResult:
         req = json.dumps({"code": code, "timeout": timeout, "cpu": min(timeout, self.sandbox.spec.cpu_s),
                           "cap": self.sandbox.spec.output_bytes}).encode()
+        started = time.time()
         with self._lock:
             t0 = time.monotonic()
             before = self.sandbox.cgroup.counters() if self.sandbox.cgroup else {}
@@ -118,7 +119,9 @@ class PythonChecker:
                 hit = "memory" if after.get("oom_kill", 0) > before.get("oom_kill", 0) else "wall"
                 return ExecResult(None, 9, "", "check server lost\n", False, hit, time.monotonic() - t0, 0.0, 0)
         after = self.sandbox.cgroup.counters() if self.sandbox.cgroup else {}
-        return _result(res, timeout, before, after)
+        result = _result(res, timeout, before, after)
+        self.sandbox.audit.record(self.sandbox.id, ["python-check"], self.sandbox.spec.limits(), code.encode(), result, started)
+        return result
 
     def _read(self, n: int, timeout: float) -> bytes:
         out = self._proc.stdout
@@ -179,3 +182,42 @@ def _result(res: dict, timeout: float, before: dict, after: dict) -> ExecResult:
     elif res["trunc"]:
         hit = "output"
     return ExecResult(None if sig else code, sig, res["out"], res["err"], res["trunc"], hit, res["wall"], res["cpu"], res["rss"])
+
+
+class CheckerPool:
+    """N check servers (one sandbox each) used from N threads: `run_many` keeps input order."""
+
+    def __init__(self, n: int, spec: SandboxSpec | None = None, backend: str | None = None, audit=None):
+        self.checkers = [PythonChecker(spec, backend, audit) for _ in range(max(1, n))]
+
+    def run_many(self, programs: list[str], timeout: float = 5.0) -> list[ExecResult]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if not programs:
+            return []
+        k = len(self.checkers)
+        out: list[ExecResult | None] = [None] * len(programs)
+
+        def worker(j: int) -> None:
+            for i in range(j, len(programs), k):
+                out[i] = self.checkers[j].check(programs[i], timeout)
+        with ThreadPoolExecutor(max_workers=k) as ex:
+            list(ex.map(worker, range(k)))
+        return out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for c in self.checkers:
+            c.close()
+
+
+_SHARED: dict[int, CheckerPool] = {}
+
+
+def shared_pool(n: int) -> CheckerPool:
+    """A process-wide pool of `n` check servers, started on first use and closed at exit."""
+    if n not in _SHARED:
+        import atexit
+
+        _SHARED[n] = CheckerPool(n, SandboxSpec(wall_s=30, cpu_s=10, memory_bytes=512 << 20, pids=32))
+        atexit.register(_SHARED[n].close)
+    return _SHARED[n]

@@ -80,7 +80,7 @@ class Sandbox:
         if self.backend == "bwrap":
             full = bw.bwrap_argv(self.spec, self.workdir, self.etc, argv, cwd or "/work")
             return Launch(full, {"PATH": "/usr/bin:/bin"}, None, preexec, kill, counters, wrapped=True)
-        env = bw.sandbox_env(self.spec)
+        env = bw.sandbox_env(self.spec, bw.expose(self.spec.python))
         env["HOME"] = str(self.workdir)
         work = str(self.workdir / cwd.removeprefix("/work").lstrip("/")) if cwd else str(self.workdir)
         return Launch(argv, env, work, preexec, kill, counters)

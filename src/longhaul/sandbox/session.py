@@ -60,7 +60,7 @@ class Session:
         if sb.backend == "bwrap":
             cmd, env, cwd = bw.bwrap_argv(sb.spec, sb.workdir, sb.etc, argv), {"PATH": "/usr/bin:/bin"}, None
         else:
-            cmd, env, cwd = argv, {**bw.sandbox_env(sb.spec), "HOME": str(sb.workdir)}, str(sb.workdir)
+            cmd, env, cwd = argv, {**bw.sandbox_env(sb.spec, bw.expose(sb.spec.python)), "HOME": str(sb.workdir)}, str(sb.workdir)
         self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       env=env, cwd=cwd, preexec_fn=preexec)
         for key, stream in (("out", self._proc.stdout), ("err", self._proc.stderr)):
