@@ -66,6 +66,20 @@ def eval_cmd(
 
 
 @app.command()
+def export(
+    run: str = typer.Argument(..., help="run directory, e.g. runs/quickstart"),
+    out: str = typer.Argument(..., help="new directory for the plain HF model"),
+    step: Optional[int] = typer.Option(None, "--step", help="checkpoint step; default the latest"),
+):
+    """Write a checkpoint as a plain HF directory (safetensors + config + tokenizer)."""
+    from pathlib import Path
+
+    from longhaul.rl.checkpoint import export_checkpoint
+
+    print(export_checkpoint(Path(run), step, Path(out)))
+
+
+@app.command()
 def env():
     """Print versions and hardware, for bug reports."""
     from longhaul.envinfo import collect

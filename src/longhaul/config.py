@@ -52,6 +52,14 @@ class AlgoConfig(Section):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     drop_zero_std_groups: bool = True  # groups with equal rewards carry no policy gradient; skip their compute
+    dual_clip_c: float = Field(3.0, gt=1)  # used by loss=dual_clip
+    entropy_coef: float = Field(0.0, ge=0)  # entropy bonus; 0 keeps entropy a metric only
+    tis_cap: float | None = Field(None, gt=0)  # truncated importance weight vs the sampler's logprobs; None: off
+    overlong_buffer: int = Field(0, ge=0)  # DAPO soft overlong punishment over the last N tokens; 0: off
+    overlong_penalty: float = Field(1.0, ge=0)
+    mask_truncated: bool = False  # DAPO: samples cut at max_new_tokens get no loss (they still shape the group baseline)
+    kl_warn: float = Field(1.0, gt=0)  # warn when the mean KL to the reference exceeds this
+    entropy_warn: float = Field(0.01, ge=0)  # warn when the mean token entropy falls below this (collapse)
 
 
 class TrainConfig(Section):

@@ -89,3 +89,43 @@ def test_token_logprobs_and_entropy_match_softmax_reference():
     # computed in float32 (logits are upcast from bf16 there), so float32 tolerances
     assert (logp - want).abs().max().item() < 1e-5
     assert (ent - want_ent).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("overrides", [{"loss": "dual_clip"}, {"loss": "gspo", "aggregation": "seq-mean-token-mean"},
+                                       {"entropy_coef": 0.01}, {"tis_cap": 2.0}, {"advantage": "rloo"}, {"advantage": "dr_grpo"}])
+def test_variants_train_and_change_parameters(overrides):
+    model, tok = load_policy("tiny-llama")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(**overrides), TrainConfig(autocast="none", lr=1e-3))
+    m = trainer.step(_groups(tok))
+    assert m["grad_norm"] > 0 and torch.isfinite(torch.tensor(m["loss"]))
+    assert any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
+def test_dapo_overlong_shaping_and_truncation_mask():
+    model, tok = load_policy("tiny-llama")
+    groups = _groups(tok)
+    for g in groups:
+        for t in g:
+            t.reward = 1.0  # equal rewards: only the length penalty can create a signal
+    groups[0][0].turns[0].finish_reason = "length"
+    trainer = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(overlong_buffer=6, kl_coef=0.0), TrainConfig(autocast="none"), max_new_tokens=8)
+    rewards, std, trajs, advs, sizes = trainer._select(groups)
+    lens = torch.tensor([[t.completion_len for t in g] for g in groups], dtype=torch.float32)
+    want = 1.0 - ((lens - 2).clamp(min=0) / 6).clamp(max=1)
+    assert torch.allclose(rewards, want)
+    trainer = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(mask_truncated=True, drop_zero_std_groups=False, kl_coef=0.0),
+                          TrainConfig(autocast="none"))
+    _, _, trajs, advs, sizes = trainer._select(groups)
+    assert groups[0][0] not in trajs and len(trajs) == 11 and sum(sizes) == 11 and len(advs) == 11
+
+
+def test_non_finite_gradient_stops_with_a_clear_error():
+    from longhaul.errors import LonghaulError
+
+    model, tok = load_policy("tiny-llama")
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    trainer = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(kl_coef=0.0), TrainConfig(autocast="none"))
+    with pytest.raises(LonghaulError, match="non-finite gradient"):
+        trainer.step(_groups(tok))

@@ -68,3 +68,22 @@ def test_existing_run_dir_is_refused_without_resume(tmp_path):
     run_training(cfg)
     with pytest.raises(LonghaulError, match="--resume"):
         run_training(cfg)
+
+
+def test_export_writes_a_loadable_hf_directory(tmp_path):
+    import pytest
+
+    from longhaul.errors import LonghaulError
+    from longhaul.rl.checkpoint import export_checkpoint
+
+    cfg = load_config(EXAMPLE, [f"output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false", "eval.before_after=false"])
+    run_training(cfg)
+    out = export_checkpoint(tmp_path / "tiny_grpo", 2, tmp_path / "exported")
+    assert not (out / "trainer_state.pt").exists()
+    model, _ = load_policy(str(out))
+    ref = _weights(tmp_path / "tiny_grpo", 2)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in ref.items())
+    with pytest.raises(LonghaulError, match="available steps: 2, 4"):
+        export_checkpoint(tmp_path / "tiny_grpo", 3, tmp_path / "x")
+    with pytest.raises(LonghaulError, match="not empty"):
+        export_checkpoint(tmp_path / "tiny_grpo", None, out)

@@ -68,3 +68,31 @@ def load_weights(model, path: Path) -> None:
     missing = [k for k in missing if not k.endswith("lm_head.weight")]
     if missing or unexpected:
         raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+
+def export_checkpoint(run_dir: Path, step: int | None, out: Path) -> Path:
+    """Copy a checkpoint's HF files (weights, config, tokenizer; not the trainer state) to `out`, atomically."""
+    from longhaul.errors import LonghaulError
+
+    ckpts = list_checkpoints(Path(run_dir) / "checkpoints")
+    if not ckpts:
+        raise LonghaulError(f"no checkpoints under {str(run_dir)!r}/checkpoints; pass a run directory that has trained")
+    src = ckpts[-1] if step is None else Path(run_dir) / "checkpoints" / f"step_{step}"
+    if src not in ckpts:
+        have = ", ".join(p.name.removeprefix("step_") for p in ckpts)
+        raise LonghaulError(f"run {str(run_dir)!r} has no checkpoint for step {step}; available steps: {have}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise LonghaulError(f"output directory {str(out)!r} is not empty; choose a new path")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        for f in src.iterdir():
+            if f.name != "trainer_state.pt":
+                shutil.copy2(f, tmp / f.name)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

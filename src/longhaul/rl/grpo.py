@@ -19,7 +19,8 @@ import torch
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.rl.advantages import ADVANTAGES
 from longhaul.rl.logprobs import completion_logprobs, shared_prompt_logprobs
-from longhaul.rl.losses import KL_ESTIMATORS, POLICY_LOSSES, aggregate
+from longhaul.errors import LonghaulError
+from longhaul.rl.losses import KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_bonus, overlong_penalty, truncated_is_weight
 from longhaul.types import Trajectory
 
 
@@ -33,9 +34,18 @@ def frozen_copy(model, dtype: torch.dtype | None = None):
     return ref
 
 
+def _padded(rows: list[list[float]], like: torch.Tensor) -> torch.Tensor:
+    """Behaviour log-probs as a (B, T) tensor shaped like `like` (zeros past each row's end)."""
+    out = torch.zeros_like(like)
+    for b, r in enumerate(rows):
+        out[b, : len(r)] = torch.tensor(r, dtype=like.dtype)
+    return out
+
+
 class GRPOTrainer:
-    def __init__(self, policy, pad_id: int, algo: AlgoConfig, train: TrainConfig, temperature: float = 1.0):
+    def __init__(self, policy, pad_id: int, algo: AlgoConfig, train: TrainConfig, temperature: float = 1.0, max_new_tokens: int = 128):
         self.policy, self.pad_id, self.algo, self.train_cfg, self.temperature = policy, pad_id, algo, train, temperature
+        self.max_new_tokens = max_new_tokens
         self.advantage_fn = ADVANTAGES.get_fn(algo.advantage)
         self.loss_fn = POLICY_LOSSES.get_fn(algo.loss)
         self.kl_fn = KL_ESTIMATORS.get_fn(algo.kl_estimator)
@@ -57,12 +67,20 @@ class GRPOTrainer:
 
     def _select(self, groups: list[list[Trajectory]]):
         rewards = torch.tensor([[t.reward for t in g] for g in groups], dtype=torch.float32)  # (G, N)
+        if self.algo.overlong_buffer:
+            lengths = torch.tensor([[t.completion_len for t in g] for g in groups])
+            rewards = rewards + overlong_penalty(lengths, self.max_new_tokens, self.algo.overlong_buffer, self.algo.overlong_penalty)
         adv = self.advantage_fn(rewards)
         std = rewards.std(dim=1)
         keep = [i for i in range(len(groups)) if not (self.algo.drop_zero_std_groups and std[i] == 0)]
-        trajs = [t for i in keep for t in groups[i]]
-        advs = torch.cat([adv[i] for i in keep]) if keep else torch.zeros(0)
-        sizes = [len(groups[i]) for i in keep]
+        trajs, picked, sizes = [], [], []
+        for i in keep:
+            rows = [j for j, t in enumerate(groups[i]) if not (self.algo.mask_truncated and t.turns[0].finish_reason == "length")]
+            trajs += [groups[i][j] for j in rows]
+            picked += [adv[i, j] for j in rows]
+            if rows:
+                sizes.append(len(rows))
+        advs = torch.stack(picked) if picked else torch.zeros(0)
         return rewards, std, trajs, advs, sizes
 
     def _units(self, pairs, sizes: list[int]) -> list[list[int]]:
@@ -80,12 +98,12 @@ class GRPOTrainer:
         order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
         return [order[i:i + mb] for i in range(0, len(order), mb)]
 
-    def _logprobs(self, model, pairs, idx: list[int], with_entropy: bool = False):
+    def _logprobs(self, model, pairs, idx: list[int], with_entropy: bool = False, entropy_grad: bool = False):
         ac = self.train_cfg.autocast
         if self.train_cfg.share_prompt:
             return shared_prompt_logprobs(model, pairs[idx[0]][0], [pairs[i][1] for i in idx], self.pad_id,
-                                          self.temperature, ac, with_entropy)
-        return completion_logprobs(model, [pairs[i] for i in idx], self.pad_id, self.temperature, ac, with_entropy)
+                                          self.temperature, ac, with_entropy, entropy_grad)
+        return completion_logprobs(model, [pairs[i] for i in idx], self.pad_id, self.temperature, ac, with_entropy, entropy_grad)
 
     def step(self, groups: list[list[Trajectory]]) -> dict:
         """One optimizer step on a batch of prompt groups; returns TRL/verl-named metrics."""
@@ -121,9 +139,15 @@ class GRPOTrainer:
         self.policy.train()
         sums = {"kl": 0.0, "entropy": 0.0, "low": 0.0, "high": 0.0, "loss": 0.0, "gap": 0.0}
         for k, idx in enumerate(chunks):
-            logp, mask, ent = self._logprobs(self.policy, pairs, idx, with_entropy=True)
+            logp, mask, ent = self._logprobs(self.policy, pairs, idx, with_entropy=True, entropy_grad=self.algo.entropy_coef > 0)
             old = logp.detach()  # single update per batch: the old policy is the current one
-            tok_loss, clip = self.loss_fn(logp, old, advs[idx], clip_low=self.algo.clip_low, clip_high=self.algo.clip_high)
+            tok_loss, clip = self.loss_fn(logp, old, advs[idx], clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
+                                          clip_c=self.algo.dual_clip_c, mask=mask)
+            if self.algo.tis_cap is not None:
+                tok_loss = tok_loss * truncated_is_weight(old, _padded([behaviour[i] for i in idx], old), self.algo.tis_cap)
+            if self.algo.entropy_coef > 0:
+                tok_loss = tok_loss + entropy_bonus(ent, self.algo.entropy_coef)
+                ent = ent.detach()
             if self.ref is not None:
                 kl_tok = self.kl_fn(logp, ref_logps[k])
                 tok_loss = tok_loss + self.algo.kl_coef * kl_tok
@@ -138,6 +162,10 @@ class GRPOTrainer:
                 b = torch.tensor(behaviour[i])
                 sums["gap"] += (old[row, : len(b)] - b).abs().sum().item()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.train_cfg.grad_clip)
+        if not torch.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise LonghaulError(f"training produced a non-finite gradient (loss {sums['loss']:.4g}); the weights were not "
+                                f"updated and the last checkpoint is intact; lower train.lr or check the rewards, then --resume")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()

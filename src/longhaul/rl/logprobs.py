@@ -38,19 +38,20 @@ def autocast_ctx(dtype: str):
     return contextlib.nullcontext()
 
 
-def _token_logprobs(logits, targets, mask, temperature: float, with_entropy: bool):
+def _token_logprobs(logits, targets, mask, temperature: float, with_entropy: bool, entropy_grad: bool = False):
     """(B, T, V) logits -> log-prob of each target (B, T), the mask, optional entropy (B, T)."""
     logits = logits.float() / temperature
     norm = logits.logsumexp(-1)  # (B, T); avoids a second (B, T, V) tensor for log_softmax
     logp = (logits.gather(-1, targets[..., None]).squeeze(-1) - norm) * mask
     entropy = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = (norm - (logits.softmax(-1) * logits).sum(-1)) * mask
     return logp, mask, entropy
 
 
-def completion_logprobs(model, pairs, pad_id: int, temperature: float = 1.0, autocast: str = "none", with_entropy: bool = False):
+def completion_logprobs(model, pairs, pad_id: int, temperature: float = 1.0, autocast: str = "none", with_entropy: bool = False,
+                        entropy_grad: bool = False):
     """Log-probs (B, T) of each completion token at `temperature`, its mask (B, T), and
     optionally the per-token entropy (B, T, no grad)."""
     ids, attn, index, targets, mask = pack(pairs, pad_id)
@@ -60,7 +61,7 @@ def completion_logprobs(model, pairs, pad_id: int, temperature: float = 1.0, aut
         hidden = model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, L, H)
         picked = hidden.gather(1, index[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, T, H)
         logits = model.get_output_embeddings()(picked)  # (B, T, V)
-    return _token_logprobs(logits, targets, mask, temperature, with_entropy)
+    return _token_logprobs(logits, targets, mask, temperature, with_entropy, entropy_grad)
 
 
 def _cache_kw(model) -> str:
@@ -70,7 +71,7 @@ def _cache_kw(model) -> str:
 
 
 def shared_prompt_logprobs(model, prompt: list[int], completions: list[list[int]], pad_id: int, temperature: float = 1.0,
-                           autocast: str = "none", with_entropy: bool = False):
+                           autocast: str = "none", with_entropy: bool = False, entropy_grad: bool = False):
     """Same result as `completion_logprobs` for N completions of one prompt, with the prompt
     run once: its keys/values are computed a single time and repeated for the N rows
     (gradients flow back through the repeat), so a group of N costs P + N*C tokens, not N*(P+C)."""
@@ -95,4 +96,4 @@ def shared_prompt_logprobs(model, prompt: list[int], completions: list[list[int]
         rest = model.base_model(input_ids=comp, attention_mask=attn, position_ids=pos, use_cache=True, **{kw: cache}).last_hidden_state
         hidden = torch.cat([first.expand(n, 1, -1), rest[:, : T - 1]], dim=1)  # (N, T, H): state before each token
         logits = model.get_output_embeddings()(hidden)
-    return _token_logprobs(logits, comp, mask, temperature, with_entropy)
+    return _token_logprobs(logits, comp, mask, temperature, with_entropy, entropy_grad)

@@ -17,7 +17,7 @@ KL_ESTIMATORS = Registry("KL estimator")
 
 
 @POLICY_LOSSES.register("ppo_clip")
-def ppo_clip(logp, old_logp, adv, clip_low: float = 0.2, clip_high: float = 0.2):
+def ppo_clip(logp, old_logp, adv, clip_low: float = 0.2, clip_high: float = 0.2, mask=None, **_):
     """PPO clipped surrogate with separate low/high epsilons (DAPO clip-higher).
 
     Returns (per-token loss (B, T), dict of (B, T) boolean masks: clipped low/high)."""
@@ -65,3 +65,79 @@ def aggregate(per_token, mask, mode: str, total_tokens: float, total_seqs: float
         per_seq = masked.sum(-1) / (max_len if max_len else 1)
         return per_seq.sum() / total_seqs
     raise ValueError(f"unknown aggregation {mode!r}")
+
+
+@POLICY_LOSSES.register("dual_clip")
+def dual_clip(logp, old_logp, adv, clip_low: float = 0.2, clip_high: float = 0.2, clip_c: float = 3.0, mask=None, **_):
+    """PPO with dual clipping (Ye et al. 2020): for negative advantages the loss is also
+    bounded by -c * A, so a huge ratio cannot blow up the update."""
+    loss, info = ppo_clip(logp, old_logp, adv, clip_low, clip_high)
+    a = adv[:, None].expand_as(loss)
+    bounded = torch.minimum(loss, -clip_c * a)
+    out = torch.where(a < 0, bounded, loss)
+    with torch.no_grad():
+        info = {**info, "dual": (a < 0) & (loss > -clip_c * a)}
+    return out, info
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(logp, old_logp, adv, clip_low: float = 3e-4, clip_high: float = 4e-4, mask=None, **_):
+    """GSPO (Zheng et al. 2025): one importance ratio per sequence, the geometric mean of the
+    token ratios, clipped at the sequence level. Token-level form: s_i.detach() * pi/pi.detach()
+    so every token of a sequence carries the same (sequence) ratio in value and gradient."""
+    if mask is None:
+        mask = torch.ones_like(logp)
+    n = mask.sum(-1).clamp(min=1)
+    log_s = ((logp - old_logp) * mask).sum(-1) / n  # (B,)
+    s_tok = torch.exp(log_s.detach()[:, None] + logp - logp.detach())  # (B, T), value = s_i
+    a = adv[:, None]
+    loss = -torch.minimum(s_tok * a, torch.clamp(s_tok, 1 - clip_low, 1 + clip_high) * a)
+    with torch.no_grad():
+        s = torch.exp(log_s)[:, None].expand_as(loss)
+        info = {"low": (s < 1 - clip_low) & (a < 0), "high": (s > 1 + clip_high) & (a > 0)}
+    return loss, info
+
+
+def entropy_bonus(entropy, coef: float):
+    """Per-token loss term that rewards entropy: -coef * H."""
+    return -coef * entropy
+
+
+def truncated_is_weight(trainer_old_logp, behaviour_logp, cap: float = 2.0):
+    """Truncated importance sampling between the trainer's old policy and the sampler that
+    produced the tokens (off-policy or bf16-vs-fp32 mismatch): min(pi_old / mu, cap), no grad."""
+    with torch.no_grad():
+        return torch.clamp(torch.exp(trainer_old_logp - behaviour_logp), max=cap)
+
+
+def kl_reward_penalty(rewards, logp, ref_logp, mask, coef: float):
+    """KL as a reward penalty (the InstructGPT/PPO form): per-token reward -coef * (logp - ref),
+    with the sequence's outcome reward added at its last token. Returns (B, T) token rewards."""
+    token_r = -coef * (logp - ref_logp) * mask
+    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)
+    return token_r + last * rewards[:, None]
+
+
+class AdaptiveKL:
+    """Adaptive KL coefficient (Ziegler et al. 2019): nudge beta so the observed KL tracks a target."""
+
+    def __init__(self, init: float, target: float, horizon: int = 10000):
+        self.value, self.target, self.horizon = init, target, horizon
+
+    def update(self, kl: float, n_steps: int) -> float:
+        err = max(-0.2, min(0.2, kl / self.target - 1))
+        self.value *= 1 + err * n_steps / self.horizon
+        return self.value
+
+
+def clipped_value_loss(values, old_values, returns, mask, clip: float = 0.2):
+    """PPO's clipped value loss: 0.5 * max((v - R)^2, (clip(v, v_old +- eps) - R)^2), per token (B, T)."""
+    v_clip = old_values + torch.clamp(values - old_values, -clip, clip)
+    return 0.5 * torch.maximum((values - returns) ** 2, (v_clip - returns) ** 2) * mask
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, penalty: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment, added to the reward: 0 up to max_len - buffer, then
+    falling linearly to -penalty at max_len (and beyond)."""
+    over = (lengths.float() - (max_len - buffer)).clamp(min=0) / max(1, buffer)
+    return -penalty * over.clamp(max=1.0)

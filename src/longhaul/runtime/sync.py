@@ -116,7 +116,7 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     console.rule(f"longhaul train: {cfg.name}")
     console.print(dump_config(cfg), end="")
     policy, tok, family = prep.policy, prep.tok, prep.family
-    trainer = GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature)
+    trainer = GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
     start = 0
     if ckpt is not None:
         load_weights(policy, ckpt)
@@ -152,6 +152,8 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
             info = (f"reward {metrics['reward']:.3f} pass {metrics['pass_rate']:.2f} kl {metrics['kl']:.4f} "
                     f"len {metrics['completions/mean_length']:.0f} {metrics['tokens_per_s']:.0f} tok/s {metrics['step_time']:.1f}s/step")
             prog.console.print(f"step {step}/{cfg.train.steps}  {info}")
+            for warning in _stability_warnings(metrics, cfg):
+                prog.console.print(f"[yellow]warning:[/] {warning}")
             prog.update(bar, advance=1, info=info)
             if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
                 save_checkpoint(run_dir / "checkpoints", step, policy, tok,
@@ -167,6 +169,16 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     report = write_report(run_dir, read_metrics(run_dir), comparison, f"longhaul run {cfg.name}")
     console.print(f"report: {report}")
     return result
+
+
+def _stability_warnings(m: dict, cfg: RunConfig) -> list[str]:
+    out = []
+    if m.get("kl", 0.0) > cfg.algo.kl_warn:
+        out.append(f"KL to the reference is {m['kl']:.3f} (> algo.kl_warn {cfg.algo.kl_warn}); the policy is drifting fast: lower train.lr or raise algo.kl_coef")
+    ent = m.get("entropy")
+    if ent is not None and ent == ent and m.get("num_trained_seqs", 0) and ent < cfg.algo.entropy_warn:
+        out.append(f"token entropy fell to {ent:.4f} (< algo.entropy_warn {cfg.algo.entropy_warn}); sampling is collapsing: raise rollout.temperature or add algo.entropy_coef")
+    return out
 
 
 def _print_comparison(cmp: dict) -> None:
