@@ -1,0 +1,108 @@
+"""Seconds per GRPO step on SmolLM2-135M-Instruct: longhaul vs TRL's GRPOTrainer, one run.
+
+Same prompts, reward and settings as `../shared/anchors/trl_grpo_bench.py` (1 prompt x 8
+completions of <= 128 tokens, temperature 1.0, beta 0.04 with the k3 KL, clip 0.2, lr 1e-6,
+token-mean loss, groups with equal rewards still trained, as TRL does). longhaul runs twice:
+fp32 everywhere (TRL's maths and dtype) and its defaults (bf16 sampler copy, bf16 autocast
+with fp32 master weights). TRL runs in the anchor environment built by
+`../shared/anchors/setup.sh` (WITH_VLLM=0 is enough).
+
+    python benchmarks/rl_step.py [--steps 4] [--anchors ~/.cache/longhaul-anchors]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from longhaul.agent.single_turn import run_groups
+from longhaul.config import AlgoConfig, TrainConfig
+from longhaul.inference import SamplingParams
+from longhaul.models import load_policy
+from longhaul.rl.grpo import GRPOTrainer, frozen_copy
+from longhaul.types import Score
+
+HERE = Path(__file__).resolve().parent
+SHARED = HERE.parent.parent / "shared" / "anchors"
+
+
+class ToyFamily:
+    """The anchor's reward: 1 if the completion defines `f`, else 0."""
+    stop = ()
+
+    @staticmethod
+    def score_many(tasks, replies, **_):
+        return [Score(float("def f" in r), "def f" in r, "pass" if "def f" in r else "fail") for r in replies]
+
+
+class Task:
+    def __init__(self, i):
+        self.task_id, self.family, self.version = f"toy/{i}", "toy", "1"
+        self.prompt = f"Write a Python function f(x) that returns x*{i}."
+
+
+def ours(steps: int, fast: bool) -> list[float]:
+    model, tok = load_policy("smollm2-135m-instruct")
+    algo = AlgoConfig(kl_coef=0.04, clip_low=0.2, clip_high=0.2, drop_zero_std_groups=False)
+    train = TrainConfig(lr=1e-6, micro_batch=8, autocast="bfloat16" if fast else "none", share_prompt=True)
+    trainer = GRPOTrainer(model, tok.pad_token_id, algo, train, temperature=1.0, max_new_tokens=128)
+    sampler = frozen_copy(model, torch.bfloat16) if fast else model
+    params = SamplingParams(max_new_tokens=128, temperature=1.0)
+    times = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        groups, _ = run_groups(sampler, tok, ToyFamily, [Task(step)], params, 8, seed=step, version=step)
+        trainer.step(groups)
+        if sampler is not model:
+            sampler.load_state_dict(model.state_dict())
+        times.append(time.perf_counter() - t0)
+        print(f"longhaul ({'bf16' if fast else 'fp32'}) step {step + 1}: {times[-1]:.1f}s", file=sys.stderr, flush=True)
+    return times
+
+
+def trl(steps: int, anchors: Path) -> list[float]:
+    py, model_dir = anchors / "hf" / "bin" / "python", anchors / "smollm2-135m-instruct"
+    if not py.exists() or not (model_dir / "config.json").exists():
+        raise SystemExit(f"anchor environment missing under {anchors}; run WITH_VLLM=0 {SHARED}/setup.sh first")
+    out = subprocess.run([str(py), str(SHARED / "trl_grpo_bench.py"), str(model_dir), str(steps)], capture_output=True, text=True)
+    times = [float(m.group(1)) for m in re.finditer(r"^step \d+ ([\d.]+)s", out.stdout, re.M)]
+    if not times:
+        raise SystemExit(f"TRL run printed no step times:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    print(f"TRL steps: {times}", file=sys.stderr)
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--anchors", default=os.environ.get("ANCHORS", str(Path.home() / ".cache" / "longhaul-anchors")))
+    ap.add_argument("--out", default=str(HERE / "results" / "rl_step.json"))
+    args = ap.parse_args()
+    runs = {"TRL GRPOTrainer 1.x, fp32 (anchor)": trl(args.steps, Path(args.anchors)),
+            "longhaul GRPO, fp32": ours(args.steps, fast=False),
+            "longhaul GRPO, bf16 sampler + autocast": ours(args.steps, fast=True)}
+    # the first step pays one-off warm-up in both systems; report the median of the rest
+    med = {k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in runs.items()}
+    anchor = med["TRL GRPOTrainer 1.x, fp32 (anchor)"]
+    print(f"{'system':42s} {'s/step (median)':>16s} {'speed-up':>9s}")
+    for k, v in med.items():
+        print(f"{k:42s} {v:16.1f} {anchor / v:8.2f}x")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"steps": args.steps, "seconds_per_step": runs, "median_after_first": med,
+                               "speedup_vs_trl": {k: anchor / v for k, v in med.items()}}, indent=2))
+    os.replace(tmp, out)
+
+
+if __name__ == "__main__":
+    main()
