@@ -52,3 +52,12 @@ def test_env_prints_versions(tmp_path):
     assert r.returncode == 0
     for key in ("python:", "torch:", "transformers:", "bubblewrap:", "cpu:", "gpu:"):
         assert key in r.stdout
+
+
+def test_eval_json_prints_one_object(tmp_path):
+    import json
+
+    r = run_cli("eval", "--model", "tiny-llama", "--suite", "echo", "--n", "4", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["n"] == 4 and 0 <= res["pass_rate"] <= 1 and len(res["ci95"]) == 2

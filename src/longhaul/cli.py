@@ -45,22 +45,21 @@ def eval_cmd(
 ):
     """Greedy pass rate of a model on held-out tasks of a family, with a 95% interval."""
     import json
-
-    import torch
-
-    from longhaul.config import EvalConfig, RunConfig
-    from longhaul.rl.grpo import frozen_copy
-    from longhaul.runtime.sync import _eval, prepare
-
-    cfg = RunConfig.model_validate({"model": {"name": model}, "task": {"family": suite, "difficulty": difficulty},
-                                    "train": {"steps": 0}, "eval": EvalConfig(n_tasks=n).model_dump(), "log": {"progress": not json_out}})
-    prep = prepare(cfg)
     import tempfile
     from pathlib import Path
 
+    import torch
+
+    from longhaul.config import RunConfig
+    from longhaul.rl.grpo import frozen_copy
+    from longhaul.runtime.sync import evaluate_heldout, prepare
+
+    cfg = RunConfig.model_validate({"model": {"name": model}, "task": {"family": suite, "difficulty": difficulty},
+                                    "train": {"steps": 0}, "eval": {"n_tasks": n}, "log": {"progress": not json_out}})
+    prep = prepare(cfg)
+    make = lambda: frozen_copy(prep.policy, torch.bfloat16 if dtype == "bfloat16" else None)
     with tempfile.TemporaryDirectory() as tmp:
-        make = lambda: frozen_copy(prep.policy, torch.bfloat16 if dtype == "bfloat16" else None)
-        res = _eval(prep, make, model, Path(tmp) / "eval.json")
+        res = evaluate_heldout(prep, make, model, Path(tmp) / "eval.json")
     if json_out:
         print(json.dumps(res.summary()))
 

@@ -8,11 +8,12 @@ for greedy, the raw model distribution). Not a serving engine: no paging, no pre
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
+
+from longhaul.models.compat import cache_kwarg
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,6 @@ def _stopped(tok, ids: list[int], stop: tuple[str, ...], eos: set[int]) -> bool:
     return any(s in tail for s in stop)
 
 
-def _cache_kw(model) -> str:
-    """transformers 5.x renamed `past_key_values` to `cache`; accept both."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 @torch.no_grad()
 def _generate_batch(model, tok, prompts: list[list[int]], p: SamplingParams, gen: torch.Generator) -> list[Completion]:
     device = next(model.parameters()).device
@@ -94,7 +90,7 @@ def _generate_batch(model, tok, prompts: list[list[int]], p: SamplingParams, gen
         eos.add(tok.eos_token_id)
     out = [Completion() for _ in range(n)]
     active = list(range(n))  # row r of the batch is request active[r]
-    kw = _cache_kw(model)
+    kw = cache_kwarg(model)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **{kw: cache}).logits[:, -1]
     next_pos = pos[:, -1:] + 1
     for _ in range(p.max_new_tokens):

@@ -10,6 +10,8 @@ import contextlib
 
 import torch
 
+from longhaul.models.compat import cache_kwarg
+
 
 def pack(pairs: list[tuple[list[int], list[int]]], pad_id: int):
     """Right-pad prompt+completion pairs.
@@ -64,12 +66,6 @@ def completion_logprobs(model, pairs, pad_id: int, temperature: float = 1.0, aut
     return _token_logprobs(logits, targets, mask, temperature, with_entropy, entropy_grad)
 
 
-def _cache_kw(model) -> str:
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.base_model.forward).parameters else "past_key_values"
-
-
 def shared_prompt_logprobs(model, prompt: list[int], completions: list[list[int]], pad_id: int, temperature: float = 1.0,
                            autocast: str = "none", with_entropy: bool = False, entropy_grad: bool = False):
     """Same result as `completion_logprobs` for N completions of one prompt, with the prompt
@@ -85,7 +81,7 @@ def shared_prompt_logprobs(model, prompt: list[int], completions: list[list[int]
         comp[b, : len(c)] = torch.tensor(c)
         mask[b, : len(c)] = 1
     comp, mask = comp.to(device), mask.to(device)
-    kw = _cache_kw(model)
+    kw = cache_kwarg(model.base_model)
     cache = DynamicCache(config=model.config)
     with autocast_ctx(autocast):
         ids = torch.tensor([prompt], device=device)

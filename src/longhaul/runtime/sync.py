@@ -74,7 +74,7 @@ def _open_run_dir(cfg: RunConfig, resume: bool) -> tuple[Path, Path | None]:
     return run_dir, ckpt
 
 
-def _eval(prep: Prepared, make_model, label: str, path: Path) -> EvalResult:
+def evaluate_heldout(prep: Prepared, make_model, label: str, path: Path) -> EvalResult:
     if path.exists():
         return EvalResult.load(path)
     model = make_model()
@@ -85,7 +85,8 @@ def _eval(prep: Prepared, make_model, label: str, path: Path) -> EvalResult:
                        cfg.rollout.exec_timeout_s, cfg.rollout.exec_workers, on_batch=lambda n: prog.advance(bar, n))
     res.save(path)
     lo, hi = res.interval
-    console.print(f"[bold]{label}[/]: held-out pass rate {100 * res.rate:.1f}% ({sum(res.passed)}/{len(res.passed)}, 95% [{100 * lo:.1f}, {100 * hi:.1f}])")
+    if cfg.log.progress:
+        console.print(f"[bold]{label}[/]: held-out pass rate {100 * res.rate:.1f}% ({sum(res.passed)}/{len(res.passed)}, 95% [{100 * lo:.1f}, {100 * hi:.1f}])")
     return res
 
 
@@ -132,7 +133,7 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     base = None
     if cfg.eval.before_after:
         # on resume the base result is already on disk; the base weights are needed only for a fresh run
-        base = _eval(prep, lambda: sampler, "base", run_dir / "eval_base.json")
+        base = evaluate_heldout(prep, lambda: sampler, "base", run_dir / "eval_base.json")
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                             top_p=cfg.rollout.top_p, stop=getattr(family, "stop", ()), batch_size=64)
     P = cfg.rollout.prompts_per_step
@@ -162,7 +163,7 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     result = {"run_dir": str(run_dir), "steps": cfg.train.steps}
     comparison = None
     if base is not None:
-        trained = _eval(prep, lambda: sampler, "trained", run_dir / "eval_trained.json")
+        trained = evaluate_heldout(prep, lambda: sampler, "trained", run_dir / "eval_trained.json")
         comparison = compare(base, trained)
         _print_comparison(comparison)
         result["comparison"] = comparison

@@ -9,13 +9,13 @@ state. The server itself is untrusted-code-adjacent: it runs in the sandbox, und
 from __future__ import annotations
 
 import json
+import os
+import signal as sg
 import struct
 import subprocess
 import threading
 import time
 
-from longhaul.sandbox import bwrap as bw
-from longhaul.sandbox.runner import rlimit_preexec
 from longhaul.sandbox.sandbox import Sandbox
 from longhaul.sandbox.spec import ExecResult, SandboxSpec
 
@@ -88,18 +88,10 @@ class PythonChecker:
         self._start()
 
     def _start(self) -> None:
-        sb = self.sandbox
-        argv = ["python3", "-I", "-c", SERVER]
-        cg = sb.cgroup
-        preexec = rlimit_preexec(sb.spec, sb.uid, cg is not None, cg.add_self if cg else None)
-        if sb.backend == "bwrap":
-            cmd, env, cwd = bw.bwrap_argv(sb.spec, sb.workdir, sb.etc, argv), {"PATH": "/usr/bin:/bin"}, None
-        else:
-            cmd, env, cwd = argv, bw.sandbox_env(sb.spec, bw.expose(sb.spec.python)), str(sb.workdir)
         # RLIMIT_CPU counts the server's own time only (each forked check has its own counter);
         # a server that ever runs out is simply restarted by `check`
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      env=env, cwd=cwd, preexec_fn=preexec)
+        self._proc = subprocess.Popen(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      **self.sandbox.spawn_args(["python3", "-I", "-c", SERVER]))
 
     def check(self, code: str, timeout: float = 5.0) -> ExecResult:
         req = json.dumps({"code": code, "timeout": timeout, "cpu": min(timeout, self.sandbox.spec.cpu_s),
@@ -162,9 +154,6 @@ class PythonChecker:
 
 
 def _result(res: dict, timeout: float, before: dict, after: dict) -> ExecResult:
-    import os
-    import signal as sg
-
     status = res["status"]
     code = os.waitstatus_to_exitcode(status)
     sig = -code if code < 0 else None

@@ -72,18 +72,23 @@ class Sandbox:
         self._sessions: list = []
 
     # ---- commands -------------------------------------------------------------------
-    def _launch(self, argv: list[str], cwd: str | None) -> Launch:
+    def spawn_args(self, argv: list[str], cwd: str | None = None) -> dict:
+        """Popen keyword arguments that start `argv` inside this sandbox under its limits:
+        every process a sandbox runs (exec, session shell, check server) starts through here."""
         cg = self.cgroup
         preexec = rlimit_preexec(self.spec, self.uid, cg is not None, cg.add_self if cg else None)
-        kill = cg.kill_all if cg else (lambda: None)
-        counters = cg.counters if cg else None
         if self.backend == "bwrap":
             full = bw.bwrap_argv(self.spec, self.workdir, self.etc, argv, cwd or "/work")
-            return Launch(full, {"PATH": "/usr/bin:/bin"}, None, preexec, kill, counters, wrapped=True)
-        env = bw.sandbox_env(self.spec, bw.expose(self.spec.python))
-        env["HOME"] = str(self.workdir)
+            return {"args": full, "env": {"PATH": "/usr/bin:/bin"}, "cwd": None, "preexec_fn": preexec}
+        env = {**bw.sandbox_env(self.spec, bw.expose(self.spec.python)), "HOME": str(self.workdir)}
         work = str(self.workdir / cwd.removeprefix("/work").lstrip("/")) if cwd else str(self.workdir)
-        return Launch(argv, env, work, preexec, kill, counters)
+        return {"args": argv, "env": env, "cwd": work, "preexec_fn": preexec}
+
+    def _launch(self, argv: list[str], cwd: str | None) -> Launch:
+        a = self.spawn_args(argv, cwd)
+        cg = self.cgroup
+        return Launch(a["args"], a["env"], a["cwd"], a["preexec_fn"], cg.kill_all if cg else (lambda: None),
+                      cg.counters if cg else None, wrapped=self.backend == "bwrap")
 
     def _refuse(self, argv: list[str]) -> str | None:
         allow = self.spec.allow_commands

@@ -10,8 +10,6 @@ import threading
 import time
 import uuid
 
-from longhaul.sandbox import bwrap as bw
-from longhaul.sandbox.runner import rlimit_preexec
 from longhaul.sandbox.spec import ExecResult
 
 
@@ -53,16 +51,8 @@ class Session:
         self._cond = threading.Condition()
         self._bufs = {"out": bytearray(), "err": bytearray()}
         self._closed = False
-        sb = sandbox
-        cg = sb.cgroup
-        argv = ["bash", "--noprofile", "--norc"]
-        preexec = rlimit_preexec(sb.spec, sb.uid, cg is not None, cg.add_self if cg else None)
-        if sb.backend == "bwrap":
-            cmd, env, cwd = bw.bwrap_argv(sb.spec, sb.workdir, sb.etc, argv), {"PATH": "/usr/bin:/bin"}, None
-        else:
-            cmd, env, cwd = argv, {**bw.sandbox_env(sb.spec, bw.expose(sb.spec.python)), "HOME": str(sb.workdir)}, str(sb.workdir)
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      env=env, cwd=cwd, preexec_fn=preexec)
+        self._proc = subprocess.Popen(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      **sandbox.spawn_args(["bash", "--noprofile", "--norc"]))
         for key, stream in (("out", self._proc.stdout), ("err", self._proc.stderr)):
             threading.Thread(target=self._pump, args=(key, stream), daemon=True).start()
 

@@ -1,0 +1,16 @@
+"""Small shims over transformers API differences between supported versions."""
+
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+
+
+@lru_cache(maxsize=None)
+def _names(forward) -> frozenset:
+    return frozenset(inspect.signature(forward).parameters)
+
+
+def cache_kwarg(module) -> str:
+    """transformers 5.x renamed the KV-cache argument `past_key_values` to `cache`; accept both."""
+    return "cache" if "cache" in _names(type(module).forward) else "past_key_values"
