@@ -37,9 +37,10 @@ def train(
 @app.command("eval")
 def eval_cmd(
     model: str = typer.Option("smollm2-135m-instruct", "--model", help="built-in name, HF directory or .gguf"),
-    suite: str = typer.Option("funcgen", "--suite", help="task family"),
+    suite: str = typer.Option("funcgen", "--suite", help="task family: funcgen, humaneval, echo"),
     n: int = typer.Option(120, "--n", help="held-out tasks"),
     difficulty: int = typer.Option(1, "--difficulty"),
+    max_new_tokens: int = typer.Option(384, "--max-new-tokens", help="generation budget per answer"),
     dtype: str = typer.Option("bfloat16", "--dtype", help="float32 or bfloat16 weights for generation"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
 ):
@@ -55,7 +56,7 @@ def eval_cmd(
     from longhaul.runtime.sync import evaluate_heldout, prepare
 
     cfg = RunConfig.model_validate({"model": {"name": model}, "task": {"family": suite, "difficulty": difficulty},
-                                    "train": {"steps": 0}, "eval": {"n_tasks": n}, "log": {"progress": not json_out}})
+                                    "train": {"steps": 0}, "eval": {"n_tasks": n, "max_new_tokens": max_new_tokens}, "log": {"progress": not json_out}})
     prep = prepare(cfg)
     make = lambda: frozen_copy(prep.policy, torch.bfloat16 if dtype == "bfloat16" else None)
     with tempfile.TemporaryDirectory() as tmp:

@@ -27,3 +27,20 @@ def test_echo_reward_is_dense():
     s = fam.score_many([task, task, task], [task.target, task.target[:2], "zzzz"])
     assert s[0].passed and s[0].reward == 1.0
     assert 0 < s[1].reward < 1 and s[2].reward < s[1].reward
+
+
+def test_humaneval_canonical_pass_and_empty_bodies_fail():
+    fam = get_family("humaneval")
+    tasks = fam.make_split("heldout", 164)
+    assert len(tasks) == 164 and len({t.task_id for t in tasks}) == 164
+    good = [f"```python\n{t.reference}\n```" for t in tasks]
+    empty = [f"```python\n{t.problem_prompt}    pass\n```" for t in tasks]
+    assert all(s.passed for s in fam.score_many(tasks, good, timeout_s=10.0))
+    assert not any(s.passed for s in fam.score_many(tasks, empty, timeout_s=10.0))
+
+
+def test_humaneval_is_evaluation_only():
+    import pytest
+
+    with pytest.raises(ValueError, match="evaluation only"):
+        get_family("humaneval").make_split("train", 1)

@@ -43,9 +43,9 @@ class Prepared:
 def prepare(cfg: RunConfig) -> Prepared:
     """Load and validate everything; touches nothing on disk except the model cache."""
     family = get_family(cfg.task.family)
-    n_train = max(1, cfg.train.steps * cfg.rollout.prompts_per_step)
+    n_train = cfg.train.steps * cfg.rollout.prompts_per_step
     try:
-        train_tasks = family.make_split("train", n_train, cfg.task.difficulty, cfg.task.subfamilies)
+        train_tasks = family.make_split("train", n_train, cfg.task.difficulty, cfg.task.subfamilies) if n_train else []
         heldout = family.make_split("heldout", cfg.eval.n_tasks, cfg.task.difficulty, cfg.task.subfamilies) if cfg.eval.before_after else []
     except ValueError as e:
         raise LonghaulError(f"task config: {e}") from e
