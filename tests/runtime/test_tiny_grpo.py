@@ -87,3 +87,13 @@ def test_export_writes_a_loadable_hf_directory(tmp_path):
         export_checkpoint(tmp_path / "tiny_grpo", 3, tmp_path / "x")
     with pytest.raises(LonghaulError, match="not empty"):
         export_checkpoint(tmp_path / "tiny_grpo", None, out)
+
+
+def test_grpo_raises_reward_on_a_verifiable_task_within_50_steps(tmp_path):
+    cfg = load_config(EXAMPLE, [f"output_dir={tmp_path}", "train.steps=50", "rollout.prompts_per_step=4", "rollout.group_size=8",
+                                "train.lr=3e-3", "algo.kl_coef=0.0", "train.save_every=0", "log.progress=false",
+                                "log.tensorboard=false", "eval.before_after=false"])
+    run_training(cfg)
+    rewards = [json.loads(l)["reward"] for l in (tmp_path / "tiny_grpo" / "metrics.jsonl").read_text().splitlines()]
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    assert last > 3 * first and last > 0.08, (first, last)
