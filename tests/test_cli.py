@@ -61,3 +61,15 @@ def test_eval_json_prints_one_object(tmp_path):
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["n"] == 4 and 0 <= res["pass_rate"] <= 1 and len(res["ci95"]) == 2
+
+
+def test_eval_samples_reports_pass_at_k(tmp_path):
+    import json
+
+    r = run_cli("eval", "--model", "tiny-llama", "--suite", "echo", "--n", "3", "--samples", "4", "--max-new-tokens", "8", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["samples"] == 4 and {"pass@1", "pass@4", "pass@1_ci95", "no_compile_rate", "limit_rate"} <= set(res)
+    assert 0 <= res["pass@1"] <= res["pass@4"] <= 1
+    r = run_cli("eval", "--model", "tiny-llama", "--suite", "echo", "--samples", "0", cwd=tmp_path)
+    assert r.returncode == 2 and "--samples must be >= 1" in r.stderr

@@ -41,6 +41,8 @@ def eval_cmd(
     n: int = typer.Option(120, "--n", help="held-out tasks"),
     difficulty: int = typer.Option(1, "--difficulty"),
     max_new_tokens: int = typer.Option(384, "--max-new-tokens", help="generation budget per answer"),
+    samples: int = typer.Option(1, "--samples", help="answers per task: 1 is greedy; k > 1 samples for pass@k"),
+    temperature: float = typer.Option(0.8, "--temperature", help="sampling temperature when --samples > 1"),
     dtype: str = typer.Option("bfloat16", "--dtype", help="float32 or bfloat16 weights for generation"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
 ):
@@ -55,14 +57,22 @@ def eval_cmd(
     from longhaul.rl.grpo import frozen_copy
     from longhaul.runtime.sync import evaluate_heldout, prepare
 
+    if samples < 1:
+        raise LonghaulError(f"--samples must be >= 1, got {samples}")
     cfg = RunConfig.model_validate({"model": {"name": model}, "task": {"family": suite, "difficulty": difficulty},
                                     "train": {"steps": 0}, "eval": {"n_tasks": n, "max_new_tokens": max_new_tokens}, "log": {"progress": not json_out}})
     prep = prepare(cfg)
     make = lambda: frozen_copy(prep.policy, torch.bfloat16 if dtype == "bfloat16" else None)
     with tempfile.TemporaryDirectory() as tmp:
-        res = evaluate_heldout(prep, make, model, Path(tmp) / "eval.json")
+        res = evaluate_heldout(prep, make, model, Path(tmp) / "eval.json", samples, temperature)
+    summary = res.summary()
     if json_out:
-        print(json.dumps(res.summary()))
+        print(json.dumps(summary))
+    else:
+        for key in sorted(k for k in summary if k.startswith("pass@") and not k.endswith("ci95")):
+            lo, hi = summary[key + "_ci95"]
+            print(f"{key}: {100 * summary[key]:.1f}% (95% [{100 * lo:.1f}, {100 * hi:.1f}])")
+        print(f"no-compile rate {100 * summary['no_compile_rate']:.1f}%, limit-hit rate {100 * summary['limit_rate']:.1f}%")
 
 
 @app.command()

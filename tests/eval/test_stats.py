@@ -31,3 +31,12 @@ def test_paired_bootstrap_contains_the_observed_difference():
     lo, hi = paired_bootstrap(before, after, iters=2000)
     diff = (sum(after) - sum(before)) / 100
     assert lo <= diff <= hi
+
+
+def test_pass_at_k_matches_the_combinatorial_definition():
+    from longhaul.eval.stats import pass_at_k
+
+    for n, c, k in [(10, 3, 1), (10, 3, 5), (20, 0, 5), (20, 20, 5), (7, 2, 7), (5, 1, 2)]:
+        want = 1.0 - math.comb(n - c, k) / math.comb(n, k)
+        assert abs(pass_at_k(n, c, k) - want) < 1e-12, (n, c, k)
+    assert abs(pass_at_k(10, 3, 1) - 0.3) < 1e-12

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from longhaul.agent.single_turn import run_groups
-from longhaul.eval.stats import mcnemar_exact, paired_bootstrap, wilson
+from longhaul.eval.stats import bootstrap_mean, mcnemar_exact, paired_bootstrap, pass_at_k, wilson
 from longhaul.inference import SamplingParams
 
 
@@ -18,8 +18,10 @@ from longhaul.inference import SamplingParams
 class EvalResult:
     label: str
     task_ids: list[str]
-    passed: list[bool]
-    statuses: list[str]
+    passed: list[bool]  # the first sample of each task (the greedy answer when samples == 1)
+    statuses: list[str]  # of every sample, task-major
+    counts: list[int] | None = None  # correct samples per task, when samples > 1
+    samples: int = 1
 
     @property
     def rate(self) -> float:
@@ -29,10 +31,20 @@ class EvalResult:
     def interval(self) -> tuple[float, float]:
         return wilson(sum(self.passed), len(self.passed))
 
-    def summary(self) -> dict:
+    def summary(self, ks: tuple[int, ...] = (1, 5, 10)) -> dict:
+        ks = tuple(sorted({*ks, self.samples}))
         lo, hi = self.interval
-        return {"label": self.label, "n": len(self.passed), "passed": sum(self.passed), "pass_rate": self.rate,
-                "ci95": [lo, hi], "statuses": dict(Counter(self.statuses))}
+        st = Counter(self.statuses)
+        out = {"label": self.label, "n": len(self.passed), "passed": sum(self.passed), "pass_rate": self.rate,
+               "ci95": [lo, hi], "statuses": dict(st), "no_compile_rate": st.get("syntax", 0) / max(1, len(self.statuses)),
+               "limit_rate": st.get("timeout", 0) / max(1, len(self.statuses)), "samples": self.samples}
+        if self.counts is not None:
+            for k in ks:
+                if k <= self.samples:
+                    per_task = [pass_at_k(self.samples, c, k) for c in self.counts]
+                    out[f"pass@{k}"] = sum(per_task) / len(per_task)
+                    out[f"pass@{k}_ci95"] = list(bootstrap_mean(per_task))
+        return out
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -42,22 +54,28 @@ class EvalResult:
     @classmethod
     def load(cls, path: Path) -> "EvalResult":
         d = json.loads(path.read_text())
-        return cls(d["label"], d["task_ids"], d["passed"], d["statuses"])
+        return cls(d["label"], d["task_ids"], d["passed"], d["statuses"], d.get("counts"), d.get("samples", 1))
 
 
 def evaluate(model, tok, family, tasks, label: str, max_new_tokens: int, batch_size: int = 32,
-             exec_timeout_s: float = 5.0, exec_workers: int = 2, on_batch: Callable[[int], None] | None = None) -> EvalResult:
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop=getattr(family, "stop", ()), batch_size=batch_size)
-    passed, statuses = [], []
-    for start in range(0, len(tasks), batch_size):
-        chunk = tasks[start:start + batch_size]
-        groups, _ = run_groups(model, tok, family, chunk, params, 1, seed=0, version=0,
+             exec_timeout_s: float = 5.0, exec_workers: int = 2, on_batch: Callable[[int], None] | None = None,
+             samples: int = 1, temperature: float = 0.8, seed: int = 0) -> EvalResult:
+    """Greedy (samples == 1) or `samples` draws at `temperature` per task, for pass@k."""
+    temp = 0.0 if samples == 1 else temperature
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temp, stop=getattr(family, "stop", ()),
+                            batch_size=max(batch_size, samples))
+    per_call = max(1, batch_size // samples)
+    passed, statuses, counts = [], [], []
+    for start in range(0, len(tasks), per_call):
+        chunk = tasks[start:start + per_call]
+        groups, _ = run_groups(model, tok, family, chunk, params, samples, seed=seed + start, version=0,
                                exec_timeout_s=exec_timeout_s, exec_workers=exec_workers)
         passed += [g[0].info["passed"] for g in groups]
-        statuses += [g[0].info["status"] for g in groups]
+        statuses += [t.info["status"] for g in groups for t in g]
+        counts += [sum(t.info["passed"] for t in g) for g in groups]
         if on_batch:
             on_batch(len(chunk))
-    return EvalResult(label, [t.task_id for t in tasks], passed, statuses)
+    return EvalResult(label, [t.task_id for t in tasks], passed, statuses, counts if samples > 1 else None, samples)
 
 
 def compare(base: EvalResult, trained: EvalResult) -> dict:

@@ -38,3 +38,23 @@ def paired_bootstrap(before: list[bool], after: list[bool], iters: int = 10000, 
     diffs = [int(y) - int(x) for x, y in zip(before, after)]
     stats = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(iters))
     return (stats[int(0.025 * iters)], stats[int(0.975 * iters) - 1])
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per task, got {n}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):  # C(n-c,k)/C(n,k) as a product, stable for large n
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def bootstrap_mean(values: list[float], iters: int = 5000, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of the mean of per-task values, resampling tasks."""
+    n = len(values)
+    rng = random.Random(seed)
+    stats = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(iters))
+    return (stats[int(0.025 * iters)], stats[int(0.975 * iters) - 1])

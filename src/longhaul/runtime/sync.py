@@ -74,7 +74,7 @@ def _open_run_dir(cfg: RunConfig, resume: bool) -> tuple[Path, Path | None]:
     return run_dir, ckpt
 
 
-def evaluate_heldout(prep: Prepared, make_model, label: str, path: Path) -> EvalResult:
+def evaluate_heldout(prep: Prepared, make_model, label: str, path: Path, samples: int = 1, temperature: float = 0.8) -> EvalResult:
     if path.exists():
         return EvalResult.load(path)
     model = make_model()
@@ -82,7 +82,8 @@ def evaluate_heldout(prep: Prepared, make_model, label: str, path: Path) -> Eval
     with progress_bar(cfg.log.progress) as prog:
         bar = prog.add_task(f"eval {label}", total=len(prep.heldout), info="")
         res = evaluate(model, prep.tok, prep.family, prep.heldout, label, cfg.eval.max_new_tokens, cfg.eval.batch_size,
-                       cfg.rollout.exec_timeout_s, cfg.rollout.exec_workers, on_batch=lambda n: prog.advance(bar, n))
+                       cfg.rollout.exec_timeout_s, cfg.rollout.exec_workers, on_batch=lambda n: prog.advance(bar, n),
+                       samples=samples, temperature=temperature, seed=cfg.seed)
     res.save(path)
     lo, hi = res.interval
     if cfg.log.progress:
