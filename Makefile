@@ -31,6 +31,7 @@ demo: model
 	$(BIN)/longhaul train examples/quickstart.yaml
 
 test: setup
+	$(BIN)/ruff check --select F,E9 --quiet src tests benchmarks
 	$(BIN)/python -m pytest -q; rc=$$?; [ $$rc = 5 ] && exit 0; exit $$rc
 
 test-slow: model

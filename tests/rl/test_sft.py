@@ -1,8 +1,6 @@
 import copy
-import json
 
 import pytest
-import torch
 
 from longhaul.errors import LonghaulError
 from longhaul.models import load_policy

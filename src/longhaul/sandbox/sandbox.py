@@ -12,9 +12,8 @@ import hashlib
 import itertools
 import os
 import shutil
-import signal
+import stat
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -34,6 +33,17 @@ UID_BASE = 61000  # host uids for sandboxes when we are root (one per sandbox, s
 
 class SandboxError(LonghaulError):
     pass
+
+
+def _require_regular(fd: int, path: str) -> None:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise SandboxError(f"{path!r} is not a regular file (a fifo, socket or device); only regular files are read or written")
+
+
+def _copy_regular(src: str, dst: str) -> None:
+    """copytree's file copier: regular files only, so a fifo planted in /work cannot hang a snapshot."""
+    if stat.S_ISREG(os.lstat(src).st_mode):
+        shutil.copy2(src, dst)
 
 
 def default_backend() -> str:
@@ -134,23 +144,26 @@ class Sandbox:
         raw = data.encode() if isinstance(data, str) else data
         if len(raw) > self.spec.fsize_bytes:
             raise SandboxError(f"write of {len(raw)} bytes to {path!r} is over the file size limit {self.spec.fsize_bytes}")
-        fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
         with os.fdopen(fd, "wb") as f:
+            _require_regular(fd, path)
+            f.truncate(0)
             f.write(raw)
         if self.uid is not None:
             os.chown(host, self.uid, self.uid)
 
     def read_file(self, path: str, limit: int | None = None) -> bytes:
         host = self.resolve(path)
-        fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as f:
+            _require_regular(fd, path)
             return f.read(limit if limit is not None else self.spec.output_bytes)
 
     # ---- state ----------------------------------------------------------------------
     def snapshot(self) -> str:
         token = uuid.uuid4().hex[:8]
         dst = self.root / "snapshots" / token
-        shutil.copytree(self.workdir, dst, symlinks=True)
+        shutil.copytree(self.workdir, dst, symlinks=True, copy_function=_copy_regular)
         self._snapshots[token] = dst
         return token
 
@@ -160,7 +173,7 @@ class Sandbox:
             raise SandboxError(f"no snapshot {token!r} in sandbox {self.id}")
         for child in self.workdir.iterdir():
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-        shutil.copytree(src, self.workdir, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(src, self.workdir, symlinks=True, dirs_exist_ok=True, copy_function=_copy_regular)
         if self.uid is not None:
             for dirpath, dirnames, filenames in os.walk(self.workdir):
                 for name in [*dirnames, *filenames]:
@@ -171,15 +184,23 @@ class Sandbox:
         h = hashlib.sha256()
         roots = [self.resolve(p) for p in paths] if paths else [self.workdir]
         for root in roots:
-            items = [root] if root.is_file() or root.is_symlink() else sorted(root.rglob("*"))
+            items = [root]
+            if root.is_dir() and not root.is_symlink():
+                items = []
+                for dirpath, dirnames, filenames in os.walk(root):  # never follows links
+                    dirnames.sort()
+                    items += [Path(dirpath) / n for n in sorted(dirnames + filenames)]
             for p in items:
                 rel = str(p.relative_to(self.workdir))
-                if p.is_symlink():
+                st = os.lstat(p)
+                if stat.S_ISLNK(st.st_mode):
                     h.update(f"L {rel} -> {os.readlink(p)}\n".encode())
-                elif p.is_file():
+                elif stat.S_ISREG(st.st_mode):
                     h.update(f"F {rel}\n".encode() + p.read_bytes())
-                elif p.is_dir():
+                elif stat.S_ISDIR(st.st_mode):
                     h.update(f"D {rel}\n".encode())
+                else:  # fifos, sockets, devices: their type, never their (blocking) content
+                    h.update(f"S {rel} {stat.S_IFMT(st.st_mode)}\n".encode())
         return h.hexdigest()
 
     # ---- sessions and lifetime ------------------------------------------------------
