@@ -40,3 +40,15 @@ def test_pass_at_k_matches_the_combinatorial_definition():
         want = 1.0 - math.comb(n - c, k) / math.comb(n, k)
         assert abs(pass_at_k(n, c, k) - want) < 1e-12, (n, c, k)
     assert abs(pass_at_k(10, 3, 1) - 0.3) < 1e-12
+
+
+def test_compare_groups_by_sub_family():
+    from longhaul.eval.passrate import EvalResult, compare
+
+    ids = ["funcgen/v1/dicts.invert/d1/5", "funcgen/v1/dicts.invert/d1/6", "funcgen/v1/lists.scale/d1/7", "echo/v1/d1/0"]
+    base = EvalResult("base", ids, [False, True, False, False], ["fail", "pass", "fail", "fail"])
+    trained = EvalResult("trained", ids, [True, True, True, False], ["pass", "pass", "pass", "fail"])
+    c = compare(base, trained)
+    assert c["by_group"] == {"dicts.invert": {"n": 2, "base": 1, "trained": 2}, "lists.scale": {"n": 1, "base": 0, "trained": 1},
+                             "echo": {"n": 1, "base": 0, "trained": 0}}
+    assert c["mcnemar"]["gained"] == 2 and c["mcnemar"]["lost"] == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -83,5 +84,17 @@ def compare(base: EvalResult, trained: EvalResult) -> dict:
         raise ValueError("before/after evaluations must use the same tasks in the same order")
     test = mcnemar_exact(base.passed, trained.passed)
     lo, hi = paired_bootstrap(base.passed, trained.passed)
+    groups: dict[str, list[int]] = {}
+    for tid, b, t in zip(base.task_ids, base.passed, trained.passed):
+        g = groups.setdefault(_group(tid), [0, 0, 0])
+        g[0], g[1], g[2] = g[0] + 1, g[1] + b, g[2] + t
+    by_group = {k: {"n": n, "base": b, "trained": t} for k, (n, b, t) in sorted(groups.items())}
     return {"base": base.summary(), "trained": trained.summary(), "difference": trained.rate - base.rate,
-            "difference_ci95": [lo, hi], "mcnemar": test, "significant": test["p_value"] < 0.05 and trained.rate > base.rate}
+            "difference_ci95": [lo, hi], "mcnemar": test, "significant": test["p_value"] < 0.05 and trained.rate > base.rate,
+            "by_group": by_group}
+
+
+def _group(task_id: str) -> str:
+    """The sub-family of a task id `family/vN/sub/...` (or the family when it has none)."""
+    parts = task_id.split("/")
+    return parts[2] if len(parts) > 3 and not re.fullmatch(r"d\d+", parts[2]) else parts[0]

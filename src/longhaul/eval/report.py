@@ -51,8 +51,21 @@ def _comparison_table(cmp: dict) -> str:
         "<th>pass rate</th><th>95% interval</th></tr>" + "".join(rows) + "</table>"
         f"<p>difference {100 * cmp['difference']:+.1f} points (paired bootstrap 95% [{100 * lo:+.1f}, {100 * hi:+.1f}]); "
         f"McNemar exact: gained {t['gained']}, lost {t['lost']}, p = {t['p_value']:.2g} "
-        f"({'significant' if cmp['significant'] else 'not significant'} at 95%)</p>"
+        f"({'significant' if cmp['significant'] else 'not significant'} at 95%)</p>" + _group_table(cmp.get("by_group", {}))
     )
+
+
+def _group_table(by_group: dict) -> str:
+    """Per sub-family passes before and after, largest gain first, with a bar for each rate."""
+    if len(by_group) < 2:
+        return ""
+    bar = lambda x, c: f"<div style='background:{c};height:8px;width:{int(120 * x)}px'></div>"
+    rows = sorted(by_group.items(), key=lambda kv: (kv[1]["trained"] - kv[1]["base"]) / kv[1]["n"], reverse=True)
+    body = "".join(
+        f"<tr><td>{html.escape(k)}</td><td>{v['n']}</td><td>{v['base']}</td><td>{bar(v['base'] / v['n'], '#aaa')}</td>"
+        f"<td>{v['trained']}</td><td>{bar(v['trained'] / v['n'], '#1f77b4')}</td></tr>" for k, v in rows)
+    return ("<h3>By sub-family</h3><table border='1' cellpadding='3' style='border-collapse:collapse;font-size:12px'>"
+            "<tr><th>sub-family</th><th>tasks</th><th>base</th><th></th><th>trained</th><th></th></tr>" + body + "</table>")
 
 
 def write_report(run_dir: Path, metrics: list[dict], comparison: dict | None, title: str) -> Path:
