@@ -70,6 +70,10 @@ class TrainConfig(Section):
     warmup_steps: int = Field(0, ge=0)
     micro_batch: int = Field(8, ge=1)  # sequences per forward/backward; accumulation keeps the update exact
     share_prompt: bool = True  # run each group's prompt once and repeat its KV (same gradient, far fewer tokens)
+    lora_r: int = Field(0, ge=0)  # 0: full fine-tuning; >0: LoRA adapters of this rank (peft), merged on export
+    lora_alpha: float = Field(16.0, gt=0)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     autocast: Literal["none", "bfloat16"] = "bfloat16"  # fp32 master weights either way
     save_every: int = Field(5, ge=0)  # 0: only the final checkpoint
     keep_last: int = Field(2, ge=1)

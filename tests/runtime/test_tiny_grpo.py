@@ -97,3 +97,27 @@ def test_grpo_raises_reward_on_a_verifiable_task_within_50_steps(tmp_path):
     rewards = [json.loads(l)["reward"] for l in (tmp_path / "tiny_grpo" / "metrics.jsonl").read_text().splitlines()]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert last > 3 * first and last > 0.08, (first, last)
+
+
+def test_lora_trains_only_adapters_resumes_exactly_and_exports_merged(tmp_path):
+    from longhaul.rl.checkpoint import export_checkpoint
+
+    common = ["train.lora_r=4", "train.lr=1e-2", "log.progress=false", "log.tensorboard=false", "eval.before_after=false"]
+    run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'a'}", *common]))
+    run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'b'}", "train.steps=2", *common]))
+    run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'b'}", *common]), resume=True)
+    ca, cb = (tmp_path / r / "tiny_grpo" / "checkpoints" / "step_4" for r in ("a", "b"))
+    wa, wb = load_file(ca / "adapter_model.safetensors"), load_file(cb / "adapter_model.safetensors")
+    assert wa and all("lora_" in k for k in wa)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in wa.items())  # the adapters moved
+    out = export_checkpoint(tmp_path / "a" / "tiny_grpo", 4, tmp_path / "merged")
+    merged, tok = load_policy(str(out))
+    base, _ = load_policy("tiny-llama")
+    from longhaul.models.lora import merged_from_checkpoint
+
+    again, _ = merged_from_checkpoint(ca)
+    ids = torch.tensor([tok("Say kalo").input_ids])
+    with torch.no_grad():
+        assert (merged(ids).logits - again(ids).logits).abs().max() < 1e-5
+        assert (merged(ids).logits - base(ids).logits).abs().max() > 1e-6  # the merge changed the model

@@ -13,4 +13,5 @@ def _names(forward) -> frozenset:
 
 def cache_kwarg(module) -> str:
     """transformers 5.x renamed the KV-cache argument `past_key_values` to `cache`; accept both."""
-    return "cache" if "cache" in _names(type(module).forward) else "past_key_values"
+    inner = module.get_base_model() if hasattr(module, "get_base_model") else module  # through a peft wrapper
+    return "cache" if "cache" in _names(type(inner).forward) else "past_key_values"

@@ -59,6 +59,11 @@ def load_trainer_state(path: Path) -> dict:
 def load_weights(model, path: Path) -> None:
     from safetensors.torch import load_file
 
+    from longhaul.models.lora import is_lora, load_adapter
+
+    if is_lora(model):
+        return load_adapter(model, path)
+
     files = sorted(path.glob("*.safetensors"))
     state = {}
     for f in files:
@@ -87,9 +92,16 @@ def export_checkpoint(run_dir: Path, step: int | None, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
-        for f in src.iterdir():
-            if f.name != "trainer_state.pt":
-                shutil.copy2(f, tmp / f.name)
+        if (src / "adapter_config.json").is_file():  # LoRA: merge the adapters into the base
+            from longhaul.models.lora import merged_from_checkpoint
+
+            model, tok = merged_from_checkpoint(src)
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+        else:
+            for f in src.iterdir():
+                if f.name != "trainer_state.pt":
+                    shutil.copy2(f, tmp / f.name)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)

@@ -11,6 +11,7 @@ import contextlib
 import torch
 
 from longhaul.models.compat import cache_kwarg
+from longhaul.models.lora import unwrap
 
 
 def pack(pairs: list[tuple[list[int], list[int]]], pad_id: int):
@@ -56,6 +57,7 @@ def completion_logprobs(model, pairs, pad_id: int, temperature: float = 1.0, aut
                         entropy_grad: bool = False):
     """Log-probs (B, T) of each completion token at `temperature`, its mask (B, T), and
     optionally the per-token entropy (B, T, no grad)."""
+    model = unwrap(model)  # a peft wrapper's inner CausalLM carries the adapters
     ids, attn, index, targets, mask = pack(pairs, pad_id)
     device = next(model.parameters()).device
     ids, attn, index, targets, mask = (x.to(device) for x in (ids, attn, index, targets, mask))
@@ -73,6 +75,7 @@ def shared_prompt_logprobs(model, prompt: list[int], completions: list[list[int]
     (gradients flow back through the repeat), so a group of N costs P + N*C tokens, not N*(P+C)."""
     from transformers import DynamicCache
 
+    model = unwrap(model)
     device = next(model.parameters()).device
     n, T, P = len(completions), max(len(c) for c in completions), len(prompt)
     comp = torch.full((n, T), pad_id, dtype=torch.long)

@@ -24,6 +24,7 @@ from longhaul.eval.passrate import EvalResult, compare, evaluate
 from longhaul.eval.report import write_report
 from longhaul.inference import SamplingParams
 from longhaul.models import load_policy
+from longhaul.models.lora import apply_lora
 from longhaul.rl.checkpoint import list_checkpoints, load_trainer_state, load_weights, save_checkpoint, set_rng_state
 from longhaul.rl.grpo import GRPOTrainer, frozen_copy
 from longhaul.runtime.metrics import MetricsLog, read_metrics
@@ -118,6 +119,9 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     console.rule(f"longhaul train: {cfg.name}")
     console.print(dump_config(cfg), end="")
     policy, tok, family = prep.policy, prep.tok, prep.family
+    t = cfg.train
+    if t.lora_r:
+        policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
     trainer = GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
     start = 0
     if ckpt is not None:
