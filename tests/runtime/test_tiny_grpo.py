@@ -121,3 +121,25 @@ def test_lora_trains_only_adapters_resumes_exactly_and_exports_merged(tmp_path):
     with torch.no_grad():
         assert (merged(ids).logits - again(ids).logits).abs().max() < 1e-5
         assert (merged(ids).logits - base(ids).logits).abs().max() > 1e-6  # the merge changed the model
+
+
+def test_resume_evaluates_the_base_weights_not_the_resumed_ones(tmp_path, monkeypatch):
+    import longhaul.runtime.sync as sync
+
+    seen = {}
+    real = sync.evaluate_heldout
+
+    def spy(prep, make_model, label, path, *a, **kw):
+        def make():
+            model = make_model()
+            seen[label] = {k: v.clone() for k, v in model.state_dict().items()}
+            return model
+        return real(prep, make, label, path, *a, **kw)
+
+    monkeypatch.setattr(sync, "evaluate_heldout", spy)
+    common = [f"output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false", "train.lr=5e-2"]
+    run_training(load_config(EXAMPLE, [*common, "train.steps=2", "eval.before_after=false"]))
+    run_training(load_config(EXAMPLE, [*common, "train.steps=4"]), resume=True)
+    initial, _ = load_policy("tiny-llama")
+    assert all(torch.equal(seen["base"][k], v) for k, v in initial.state_dict().items())
+    assert not all(torch.equal(seen["trained"][k], v) for k, v in initial.state_dict().items())

@@ -137,8 +137,10 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         (run_dir / "eval_trained.json").unlink(missing_ok=True)
     base = None
     if cfg.eval.before_after:
-        # on resume the base result is already on disk; the base weights are needed only for a fresh run
-        base = evaluate_heldout(prep, lambda: sampler, "base", run_dir / "eval_base.json")
+        # a resumed run normally finds the base result on disk; if not, the base weights are reloaded
+        dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else None
+        base_model = (lambda: sampler) if ckpt is None else (lambda: frozen_copy(load_policy(cfg.model.name)[0], dtype))
+        base = evaluate_heldout(prep, base_model, "base", run_dir / "eval_base.json")
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                             top_p=cfg.rollout.top_p, stop=getattr(family, "stop", ()), batch_size=64)
     P = cfg.rollout.prompts_per_step
