@@ -44,11 +44,14 @@ class DPOTrainer:
         self.model, self.pad_id, self.pairs, self.beta, self.micro_batch, self.autocast = model, pad_id, pairs, beta, micro_batch, autocast
         self.loss_fn = DPO_LOSSES.get_fn(loss)
         with torch.no_grad():  # the reference is needed once, then can be freed by the caller
-            self.ref_c = torch.cat([sequence_logprobs(ref_model, [p[0] for p in pairs[i:i + micro_batch]], pad_id, autocast)
-                                    for i in range(0, len(pairs), micro_batch)])
-            self.ref_r = torch.cat([sequence_logprobs(ref_model, [p[1] for p in pairs[i:i + micro_batch]], pad_id, autocast)
-                                    for i in range(0, len(pairs), micro_batch)])
+            self.ref_c, self.ref_r = self._score_all(ref_model)
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, foreach=False)
+
+    def _score_all(self, model) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sequence log-probs (N,) of every chosen and every rejected answer, in micro-batches."""
+        mb, pairs = self.micro_batch, self.pairs
+        return tuple(torch.cat([sequence_logprobs(model, [p[side] for p in pairs[i:i + mb]], self.pad_id, self.autocast)
+                                for i in range(0, len(pairs), mb)]) for side in (0, 1))
 
     def step(self, indices: list[int]) -> dict:
         self.model.train()
@@ -70,8 +73,5 @@ class DPOTrainer:
     @torch.no_grad()
     def accuracy(self) -> float:
         self.model.eval()
-        c = torch.cat([sequence_logprobs(self.model, [p[0] for p in self.pairs[i:i + self.micro_batch]], self.pad_id, self.autocast)
-                       for i in range(0, len(self.pairs), self.micro_batch)])
-        r = torch.cat([sequence_logprobs(self.model, [p[1] for p in self.pairs[i:i + self.micro_batch]], self.pad_id, self.autocast)
-                       for i in range(0, len(self.pairs), self.micro_batch)])
+        c, r = self._score_all(self.model)
         return (((c - self.ref_c) - (r - self.ref_r)) > 0).float().mean().item()

@@ -141,10 +141,11 @@ class GRPOTrainer:
         for k, idx in enumerate(chunks):
             logp, mask, ent = self._logprobs(self.policy, pairs, idx, with_entropy=True, entropy_grad=self.algo.entropy_coef > 0)
             old = logp.detach()  # single update per batch: the old policy is the current one
+            beh = _padded([behaviour[i] for i in idx], old)  # the sampler's log-probs, (B, T)
             tok_loss, clip = self.loss_fn(logp, old, advs[idx], clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
                                           clip_c=self.algo.dual_clip_c, mask=mask)
             if self.algo.tis_cap is not None:
-                tok_loss = tok_loss * truncated_is_weight(old, _padded([behaviour[i] for i in idx], old), self.algo.tis_cap)
+                tok_loss = tok_loss * truncated_is_weight(old, beh, self.algo.tis_cap)
             if self.algo.entropy_coef > 0:
                 tok_loss = tok_loss + entropy_bonus(ent, self.algo.entropy_coef)
                 ent = ent.detach()
@@ -158,9 +159,7 @@ class GRPOTrainer:
             sums["entropy"] += ent.sum().item()
             sums["low"] += (clip["low"] * mask).sum().item()
             sums["high"] += (clip["high"] * mask).sum().item()
-            for row, i in enumerate(idx):
-                b = torch.tensor(behaviour[i])
-                sums["gap"] += (old[row, : len(b)] - b).abs().sum().item()
+            sums["gap"] += ((old - beh).abs() * mask).sum().item()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.train_cfg.grad_clip)
         if not torch.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)

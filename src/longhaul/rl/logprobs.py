@@ -14,21 +14,28 @@ from longhaul.models.compat import cache_kwarg
 from longhaul.models.lora import unwrap
 
 
+def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists -> input_ids (B, L) right-padded with pad_id, and attention_mask (B, L)."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), L), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, : len(s)] = torch.tensor(s)
+        attn[b, : len(s)] = 1
+    return ids, attn
+
+
 def pack(pairs: list[tuple[list[int], list[int]]], pad_id: int):
     """Right-pad prompt+completion pairs.
 
     Returns input_ids (B, L), attention_mask (B, L), gather index (B, T) of the positions
     whose logits predict each completion token, targets (B, T) and completion mask (B, T)."""
-    lengths = [len(p) + len(c) for p, c in pairs]
-    B, L, T = len(pairs), max(lengths), max(len(c) for _, c in pairs)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, L), dtype=torch.long)
+    B, T = len(pairs), max(len(c) for _, c in pairs)
+    ids, attn = right_pad([p + c for p, c in pairs], pad_id)
     index = torch.zeros((B, T), dtype=torch.long)
     targets = torch.full((B, T), pad_id, dtype=torch.long)
     mask = torch.zeros((B, T), dtype=torch.float32)
     for b, (p, c) in enumerate(pairs):
-        ids[b, : lengths[b]] = torch.tensor(p + c)
-        attn[b, : lengths[b]] = 1
         index[b, : len(c)] = torch.arange(len(p) - 1, len(p) - 1 + len(c))
         targets[b, : len(c)] = torch.tensor(c)
         mask[b, : len(c)] = 1

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from longhaul.rl.logprobs import autocast_ctx
+from longhaul.rl.logprobs import autocast_ctx, right_pad
 
 
 class RewardModel(nn.Module):
@@ -22,12 +22,7 @@ class RewardModel(nn.Module):
 
     def forward(self, seqs: list[list[int]], autocast: str = "none") -> torch.Tensor:
         """Token-id sequences -> rewards (B,)."""
-        L = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), L), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(seqs), L), dtype=torch.long)
-        for b, s in enumerate(seqs):
-            ids[b, : len(s)] = torch.tensor(s)
-            attn[b, : len(s)] = 1
+        ids, attn = right_pad(seqs, self.pad_id)
         with autocast_ctx(autocast):
             hidden = self.backbone(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, L, H)
         last = hidden[torch.arange(len(seqs)), attn.sum(-1) - 1]  # (B, H)

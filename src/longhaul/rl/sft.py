@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from longhaul.rl.logprobs import autocast_ctx
+from longhaul.rl.logprobs import autocast_ctx, right_pad
 
 
 def masked_logprobs(model, seqs: list[tuple[list[int], list[int]]], pad_id: int, autocast: str = "none"):
     """Per-token log-probs (B, L-1) of ids[1:] given the prefix, and the loss mask (B, L-1)."""
-    L = max(len(ids) for ids, _ in seqs)
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), L), dtype=torch.long)
-    mask = torch.zeros((len(seqs), L), dtype=torch.float32)
-    for b, (x, m) in enumerate(seqs):
-        ids[b, : len(x)] = torch.tensor(x)
-        attn[b, : len(x)] = 1
+    ids, attn = right_pad([x for x, _ in seqs], pad_id)
+    mask = torch.zeros(ids.shape, dtype=torch.float32)
+    for b, (_, m) in enumerate(seqs):
         mask[b, : len(m)] = torch.tensor(m, dtype=torch.float32)
     with autocast_ctx(autocast):
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
