@@ -28,6 +28,7 @@ model: setup
 	$(BIN)/longhaul model prepare smollm2-135m-instruct
 
 demo: model
+	$(BIN)/longhaul envcheck funcgen --n 200
 	$(BIN)/longhaul train examples/quickstart.yaml
 
 test: setup

@@ -37,10 +37,11 @@ def train(
 @app.command("eval")
 def eval_cmd(
     model: str = typer.Option("smollm2-135m-instruct", "--model", help="built-in name, HF directory or .gguf"),
-    suite: str = typer.Option("funcgen", "--suite", help="task family: funcgen, humaneval, echo"),
+    suite: str = typer.Option("funcgen", "--suite", help="task family: funcgen, humaneval, bugfix, terminal, multistep, echo, or package.module:Name"),
     n: int = typer.Option(120, "--n", help="held-out tasks"),
     difficulty: int = typer.Option(1, "--difficulty"),
-    max_new_tokens: int = typer.Option(384, "--max-new-tokens", help="generation budget per answer"),
+    max_new_tokens: int = typer.Option(384, "--max-new-tokens", help="generation budget per answer (per turn for multi-turn families)"),
+    max_turns: int = typer.Option(10, "--max-turns", help="assistant turns per episode of a multi-turn family"),
     samples: int = typer.Option(1, "--samples", help="answers per task: 1 is greedy; k > 1 samples for pass@k"),
     temperature: float = typer.Option(0.8, "--temperature", help="sampling temperature when --samples > 1"),
     dtype: str = typer.Option("bfloat16", "--dtype", help="float32 or bfloat16 weights for generation"),
@@ -59,9 +60,10 @@ def eval_cmd(
 
     if samples < 1:
         raise LonghaulError(f"--samples must be >= 1, got {samples}")
-    cfg = RunConfig.model_validate({"model": {"name": model}, "task": {"family": suite, "difficulty": difficulty},
-                                    "train": {"steps": 0}, "eval": {"n_tasks": n, "max_new_tokens": max_new_tokens}, "log": {"progress": not json_out}})
-    prep = prepare(cfg)
+    cfg = RunConfig.model_validate({"model": {"name": model}, "task": {"family": suite, "difficulty": difficulty, "require_envcheck": False},
+                                    "train": {"steps": 0}, "eval": {"n_tasks": n, "max_new_tokens": max_new_tokens, "max_turns": max_turns},
+                                    "log": {"progress": not json_out}})
+    prep = prepare(cfg, training=False)
     make = lambda: frozen_copy(prep.policy, torch.bfloat16 if dtype == "bfloat16" else None)
     with tempfile.TemporaryDirectory() as tmp:
         res = evaluate_heldout(prep, make, model, Path(tmp) / "eval.json", samples, temperature)
@@ -87,6 +89,43 @@ def export(
     from longhaul.rl.checkpoint import export_checkpoint
 
     print(export_checkpoint(Path(run), step, Path(out)))
+
+
+@app.command()
+def envcheck(
+    families: Optional[list[str]] = typer.Argument(None, help="families to check (default all built-ins), or package.module:Name"),
+    n: int = typer.Option(50, "--n", help="tasks per split of each family, spread over its difficulties"),
+    runs: int = typer.Option(2, "--runs", help="runs of each task (>= 2, to find flaky tasks)"),
+    workers: int = typer.Option(4, "--workers", help="episodes stepped in parallel"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+):
+    """Validate tasks: the reference passes, the null agent fails, results repeat; write the manifest."""
+    import json
+    from contextlib import contextmanager
+
+    from longhaul.eval.envcheck import run_envcheck
+    from longhaul.runtime.progress import console, progress_bar
+
+    @contextmanager
+    def bar(name, total):
+        with progress_bar(not json_out) as prog:
+            t = prog.add_task(f"envcheck {name}", total=total, info="")
+            yield lambda k: prog.advance(t, k)
+
+    res = run_envcheck(families or None, n, runs, workers, progress_factory=bar)
+    if json_out:
+        print(json.dumps(res))
+    else:
+        for name, e in res["families"].items():
+            console.print(f"{name:10s} v{e['version']}  {e['valid']}/{e['checked']} valid ({e['distinct_valid']} distinct), "
+                          f"{len(e['subfamilies'])} sub-families, {len(e['flaky'])} flaky, {len(e['failing'])} failing, "
+                          f"slowest {e['max_task_s']:.2f} s  [{'green' if e['status'] == 'ok' else 'red'}]{e['status']}[/]")
+            for tid, why in list(e["reasons"].items())[:5]:
+                console.print(f"    {tid}: {why}")
+        console.print(f"total: {res['valid']} distinct valid tasks of {res['tasks']} checked, {res['subfamilies']} sub-families; "
+                      f"manifest {res['manifest']}")
+    if res["status"] != "ok":
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -26,7 +26,9 @@ class ModelConfig(Section):
 
 
 class TaskConfig(Section):
-    family: str = "funcgen"
+    family: str = "funcgen"  # a built-in family, or your own as package.module:Name (docs/custom-tasks.md)
+    reward: str | None = None  # package.module:function (completions, tasks) -> rewards, replacing the family's verifier
+    require_envcheck: bool = True  # refuse a family without a current, passing `longhaul envcheck` manifest entry
     difficulty: int = Field(1, ge=1, le=3)  # 1 plain, 2 one extra condition, 3 composed + edge case
     subfamilies: list[str] | None = None  # None: all sub-families of the family
 
@@ -84,6 +86,7 @@ class EvalConfig(Section):
     n_tasks: int = Field(120, ge=1)
     max_new_tokens: int = Field(128, ge=1)
     batch_size: int = Field(32, ge=1)
+    max_turns: int = Field(10, ge=1)  # assistant replies per episode of a multi-turn (workspace) family
 
 
 class LogConfig(Section):

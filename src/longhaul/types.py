@@ -25,6 +25,7 @@ class Turn:
     versions: list[int]  # weight version that produced each completion token
     loss_mask: list[int]  # 1 on model tokens, 0 on tool/environment tokens
     finish_reason: str = "stop"  # "stop" or "length"
+    segment: int = 0  # turns of one segment extend each other's prompt exactly; a new one starts where not
 
 
 @dataclass

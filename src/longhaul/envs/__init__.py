@@ -1,10 +1,10 @@
-"""Task families and their verifiers.
+"""Environments: the Env protocol (`base`), the workspace env and its tools, task families
+(one module each) behind a registry, and the quality checks (`quality`).
 
-A family is a module that makes deterministic tasks from seeds (`make_split`) and scores a
-model's answer (`score_many`). The multi-turn Env protocol of the environments issue builds
-on these; for now the families are single-turn.
+A family makes deterministic tasks from seeds; answer families are single-turn and scored by a
+verifier, workspace families are multi-turn and verified by hidden checks in the sandbox.
 """
 
-from longhaul.envs.registry import FAMILIES, get_family
+from longhaul.envs.registry import Family, families, get_family
 
-__all__ = ["FAMILIES", "get_family"]
+__all__ = ["Family", "families", "get_family"]

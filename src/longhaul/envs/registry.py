@@ -1,15 +1,26 @@
-"""Task families by name, with their verifiers.
+"""Task families by name, built-in and user-supplied, behind one `Family` record.
 
-Each family exposes `make_split(split, n, difficulty, subfamilies)` returning tasks with
-`task_id`, `prompt` and `family`, `VERSION`, and `score_many(tasks, replies, ...)` returning
-one `Score` per reply.
+A family makes deterministic tasks from seeds (`make_split(split, n, difficulty, subfamilies)`)
+and is one of two kinds:
+- `answer`: single-turn; the reply is the answer (a fenced code block for code families) and
+  `score_many(tasks, replies) -> [Score]` decides it. The env is `AnswerEnv`.
+- `workspace`: multi-turn; tasks are `WorkspaceTask`s run in `WorkspaceEnv` (or a user env) with
+  tools, and `verify()` decides.
+`reference_reply` / `null_reply` (answer kind) and `WorkspaceTask.reference` (workspace kind) are
+what the quality checks (`longhaul envcheck`) replay. User families, envs and reward functions
+load from `package.module:Name` (see docs/custom-tasks.md); they pass the same validation.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
+import ast
+import hashlib
+import importlib
+import inspect
+from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
+from typing import Callable
 
 from longhaul.envs import echo, funcgen, humaneval
 from longhaul.envs.code import extract_code
@@ -41,16 +52,150 @@ def score_code(tasks, replies: list[str], timeout_s: float = 5.0, workers: int =
     return [scores[i] for i in range(len(replies))]
 
 
-FAMILIES = {
-    "funcgen": SimpleNamespace(module=funcgen, version=funcgen.VERSION, make_split=funcgen.make_split, score_many=score_code,
-                               stop=("```\n",)),  # the reply is complete once its code block closes,
-    "humaneval": SimpleNamespace(module=humaneval, version=humaneval.VERSION, make_split=humaneval.make_split,
-                                 score_many=partial(score_code, build=humaneval.program), stop=()),
-    "echo": SimpleNamespace(module=echo, version=echo.VERSION, make_split=echo.make_split, score_many=echo.score_many, stop=()),
+def _fence(code: str) -> str:
+    return "```python\n" + code.rstrip("\n") + "\n```"
+
+
+def _stub(code: str) -> str:
+    """`code` with every function and class body replaced by `pass`: the do-nothing answer."""
+    tree = ast.parse(code)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.body = [ast.Pass()]
+        elif isinstance(node, ast.ClassDef):
+            node.body = [ast.Pass()]
+    return ast.unparse(tree)
+
+
+@dataclass
+class Family:
+    name: str
+    version: str
+    kind: str  # "answer" or "workspace"
+    make_split: Callable
+    subfamilies: tuple = ()
+    difficulties: tuple = (1,)
+    splits: tuple = ("train", "heldout")
+    score_many: Callable | None = None  # answer kind
+    reference_reply: Callable | None = None  # answer kind: task -> a reply that must pass
+    null_reply: Callable = lambda task: ""  # answer kind: task -> a reply that must fail
+    stop: tuple = ()  # stop strings of an answer
+    make_env: Callable | None = None  # workspace kind: task -> Env (default WorkspaceEnv)
+    sources: list = field(default_factory=list)  # files whose content defines the family version
+
+    def content_hash(self) -> str:
+        h = hashlib.sha256(f"{self.name}\0{self.version}\0".encode())
+        for p in sorted(str(s) for s in self.sources):
+            path = Path(p)
+            files = sorted(q for q in path.rglob("*") if q.is_file() and "__pycache__" not in q.parts) if path.is_dir() else [path]
+            for f in files:
+                h.update(str(f.relative_to(path.parent)).encode() + b"\0" + f.read_bytes())
+        return h.hexdigest()[:16]
+
+
+_ANSWER = {
+    "funcgen": Family("funcgen", funcgen.VERSION, "answer", funcgen.make_split, tuple(sorted(funcgen.SUBFAMILIES)),
+                      funcgen.DIFFICULTIES, score_many=score_code, reference_reply=lambda t: _fence(t.reference),
+                      null_reply=lambda t: _fence(_stub(t.reference)), stop=("```\n",),  # complete once its block closes
+                      sources=[Path(funcgen.__file__)]),
+    "humaneval": Family("humaneval", humaneval.VERSION, "answer", humaneval.make_split, (), (1,), ("heldout",),
+                        score_many=partial(score_code, build=humaneval.program), reference_reply=lambda t: _fence(t.reference),
+                        null_reply=lambda t: _fence("    pass"), sources=[Path(humaneval.__file__)]),
+    "echo": Family("echo", echo.VERSION, "answer", echo.make_split, (), (1, 2, 3), score_many=echo.score_many,
+                   reference_reply=lambda t: t.target, sources=[Path(echo.__file__)]),
 }
+_WORKSPACE = ("bugfix", "terminal", "multistep")  # modules of longhaul.envs, imported on first use
+_HERE = Path(__file__).parent
 
 
-def get_family(name: str):
-    if name not in FAMILIES:
-        raise LonghaulError(f"unknown task family {name!r}; choose one of {', '.join(FAMILIES)}")
-    return FAMILIES[name]
+def families() -> dict[str, Family]:
+    """Every built-in family by name (answer families first)."""
+    out = dict(_ANSWER)
+    for name in _WORKSPACE:
+        out[name] = _workspace_family(name)
+    return out
+
+
+def _workspace_family(name: str) -> Family:
+    mod = importlib.import_module(f"longhaul.envs.{name}")
+    sources = [Path(mod.__file__), _HERE / "workspace.py", _HERE / "tools.py"]
+    if name == "bugfix":
+        sources += [mod.REPOS, _HERE / "mutate.py"]
+    return Family(mod.FAMILY, mod.VERSION, "workspace", mod.make_split, tuple(mod.SUBFAMILIES), tuple(mod.DIFFICULTIES),
+                  sources=sources)
+
+
+def load_object(spec: str, what: str):
+    """`package.module:Name` -> the object, with one-line errors naming the fix."""
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise LonghaulError(f"{what} {spec!r} is not of the form package.module:Name")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise LonghaulError(f"cannot import module {mod_name!r} for {what} {spec!r} ({e}); is it on PYTHONPATH?") from e
+    try:
+        obj = mod
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise LonghaulError(f"module {mod_name!r} has no {attr!r} (for {what} {spec!r})") from None
+    return obj
+
+
+def _attr(obj, name, default=None):
+    return obj.get(name, default) if isinstance(obj, dict) else getattr(obj, name, default)
+
+
+def family_from_object(obj, spec: str) -> Family:
+    """Validate a user family (a module, class or object with the built-ins' attributes)."""
+    missing = [n for n in ("FAMILY", "VERSION", "make_split") if _attr(obj, n) is None]
+    if missing:
+        raise LonghaulError(f"task family {spec!r} lacks {', '.join(missing)}; a family defines FAMILY, VERSION, "
+                            "make_split(split, n, difficulty, subfamilies) and score_many(tasks, replies) or WorkspaceTasks")
+    if not callable(_attr(obj, "make_split")):
+        raise LonghaulError(f"task family {spec!r}: make_split must be callable")
+    score = _attr(obj, "score_many")
+    kind = _attr(obj, "KIND", "answer" if score else "workspace")
+    if kind not in ("answer", "workspace"):
+        raise LonghaulError(f"task family {spec!r}: KIND must be 'answer' or 'workspace', got {kind!r}")
+    if kind == "answer" and (score is None or _attr(obj, "reference_reply") is None):
+        raise LonghaulError(f"task family {spec!r} is single-turn and needs score_many(tasks, replies) and reference_reply(task)")
+    src = inspect.getsourcefile(obj if inspect.ismodule(obj) or inspect.isclass(obj) else type(obj)) or ""
+    env = _attr(obj, "make_env")
+    return Family(str(_attr(obj, "FAMILY")), str(_attr(obj, "VERSION")), kind, _attr(obj, "make_split"),
+                  tuple(_attr(obj, "SUBFAMILIES", ()) or ()), tuple(_attr(obj, "DIFFICULTIES", (1,))),
+                  tuple(_attr(obj, "SPLITS", ("train", "heldout"))), score, _attr(obj, "reference_reply"),
+                  _attr(obj, "null_reply", lambda t: ""), tuple(_attr(obj, "STOP", ())), env,
+                  [Path(src)] if src else [])
+
+
+def get_family(name: str) -> Family:
+    if ":" in name:
+        return family_from_object(load_object(name, "task family"), name)
+    if name in _ANSWER:
+        return _ANSWER[name]
+    if name in _WORKSPACE:
+        return _workspace_family(name)
+    raise LonghaulError(f"unknown task family {name!r}; choose one of {', '.join([*_ANSWER, *_WORKSPACE])}, "
+                        "or name your own as package.module:Name")
+
+
+def reward_family(base: Family, spec: str) -> Family:
+    """`base` scored by a user reward function `(completions, tasks) -> list[float]` (TRL's shape);
+    a reply passes when its reward is >= 1."""
+    fn = load_object(spec, "reward function")
+    if not callable(fn):
+        raise LonghaulError(f"reward function {spec!r} is not callable")
+    if base.kind != "answer":
+        raise LonghaulError(f"a reward function scores single-turn replies; family {base.name!r} is multi-turn (its env verifies)")
+
+    def score_many(tasks, replies, **_):
+        values = fn(list(replies), tasks=list(tasks))
+        if len(values) != len(replies):
+            raise LonghaulError(f"reward function {spec!r} returned {len(values)} rewards for {len(replies)} completions")
+        return [Score(float(v), float(v) >= 1.0, "pass" if float(v) >= 1.0 else "fail") for v in values]
+
+    src = inspect.getsourcefile(fn)
+    return Family(base.name, base.version, "answer", base.make_split, base.subfamilies, base.difficulties, base.splits,
+                  score_many, base.reference_reply, base.null_reply, base.stop, None, base.sources + ([Path(src)] if src else []))

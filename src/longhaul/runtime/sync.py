@@ -19,7 +19,9 @@ import transformers
 from longhaul.agent.single_turn import encode_prompt, run_groups
 from longhaul.config import RunConfig, dump_config
 from longhaul.envs import get_family
+from longhaul.envs.registry import reward_family
 from longhaul.errors import LonghaulError
+from longhaul.eval.envcheck import require_checked
 from longhaul.eval.passrate import EvalResult, compare, evaluate
 from longhaul.eval.report import write_report
 from longhaul.inference import SamplingParams
@@ -41,13 +43,19 @@ class Prepared:
     heldout: list
 
 
-def prepare(cfg: RunConfig) -> Prepared:
+def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
     """Load and validate everything; touches nothing on disk except the model cache."""
     family = get_family(cfg.task.family)
+    if training and family.kind != "answer":
+        raise LonghaulError(f"task family {family.name!r} is multi-turn; `longhaul train` runs single-turn families for now "
+                            f"(funcgen, echo, or your own); evaluate it with `longhaul eval --suite {family.name}`")
+    excluded = require_checked(family) if cfg.task.require_envcheck else set()
+    if cfg.task.reward:
+        family = reward_family(family, cfg.task.reward)
     n_train = cfg.train.steps * cfg.rollout.prompts_per_step
     try:
-        train_tasks = family.make_split("train", n_train, cfg.task.difficulty, cfg.task.subfamilies) if n_train else []
-        heldout = family.make_split("heldout", cfg.eval.n_tasks, cfg.task.difficulty, cfg.task.subfamilies) if cfg.eval.before_after else []
+        train_tasks = _usable(family, "train", n_train, cfg, excluded) if n_train else []
+        heldout = _usable(family, "heldout", cfg.eval.n_tasks, cfg, excluded) if cfg.eval.before_after else []
     except ValueError as e:
         raise LonghaulError(f"task config: {e}") from e
     policy, tok = load_policy(cfg.model.name)
@@ -55,12 +63,18 @@ def prepare(cfg: RunConfig) -> Prepared:
     budget = max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens if heldout else 0)
     longest = max(train_tasks + heldout, key=lambda t: len(t.prompt))
     n_prompt = len(encode_prompt(tok, longest.prompt))
-    if n_prompt + budget > context:
+    if family.kind == "answer" and n_prompt + budget > context:
         raise LonghaulError(
             f"prompt of task {longest.task_id} is {n_prompt} tokens and {budget} new tokens are asked, over the model context "
             f"of {context}; lower rollout.max_new_tokens / eval.max_new_tokens or raise model.context_length"
         )
     return Prepared(cfg, family, policy, tok, train_tasks, heldout)
+
+
+def _usable(family, split: str, n: int, cfg: RunConfig, excluded: set[str]) -> list:
+    """`n` tasks of a split, skipping those envcheck found flaky or failing."""
+    tasks = family.make_split(split, n + len(excluded), cfg.task.difficulty, cfg.task.subfamilies)
+    return [t for t in tasks if t.task_id not in excluded][:n]
 
 
 def _open_run_dir(cfg: RunConfig, resume: bool) -> tuple[Path, Path | None]:
@@ -84,7 +98,7 @@ def evaluate_heldout(prep: Prepared, make_model, label: str, path: Path, samples
         bar = prog.add_task(f"eval {label}", total=len(prep.heldout), info="")
         res = evaluate(model, prep.tok, prep.family, prep.heldout, label, cfg.eval.max_new_tokens, cfg.eval.batch_size,
                        cfg.rollout.exec_timeout_s, cfg.rollout.exec_workers, on_batch=lambda n: prog.advance(bar, n),
-                       samples=samples, temperature=temperature, seed=cfg.seed)
+                       samples=samples, temperature=temperature, seed=cfg.seed, max_turns=cfg.eval.max_turns)
     res.save(path)
     lo, hi = res.interval
     if cfg.log.progress:

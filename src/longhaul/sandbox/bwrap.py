@@ -38,6 +38,14 @@ def _is_mountpoint(p: Path) -> bool:
         return any(line.split()[4] == str(p) for line in f)
 
 
+def _same_inode(a, b) -> bool:
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
 def expose(path: str) -> str:
     """A host path that the unprivileged sandbox uid can reach. When an ancestor is private
     (a pyenv Python under /root, say) and we are root, bind-mount it read-only once under
@@ -45,6 +53,8 @@ def expose(path: str) -> str:
     if os.geteuid() != 0 or _reachable_by_others(path):
         return path
     mp = Path("/run/longhaul/expose") / hashlib.sha256(path.encode()).hexdigest()[:12]
+    if _is_mountpoint(mp) and not _same_inode(mp, path):  # the source was deleted and rebuilt since
+        subprocess.run(["umount", "-l", str(mp)], capture_output=True)
     if not _is_mountpoint(mp):
         mp.mkdir(parents=True, exist_ok=True)
         for q in [mp, *mp.parents]:

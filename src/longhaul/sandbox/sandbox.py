@@ -140,7 +140,11 @@ class Sandbox:
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         host = self.resolve(path)
+        missing = [d for d in [host.parent, *host.parent.parents] if not d.exists() and self.workdir in d.parents]
         host.parent.mkdir(parents=True, exist_ok=True)
+        if self.uid is not None:  # new directories belong to the sandbox user, or it could not change them
+            for d in missing:
+                os.lchown(d, self.uid, self.uid)
         raw = data.encode() if isinstance(data, str) else data
         if len(raw) > self.spec.fsize_bytes:
             raise SandboxError(f"write of {len(raw)} bytes to {path!r} is over the file size limit {self.spec.fsize_bytes}")
@@ -173,6 +177,11 @@ class Sandbox:
             raise SandboxError(f"no snapshot {token!r} in sandbox {self.id}")
         for child in self.workdir.iterdir():
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+        self.import_tree(src)
+
+    def import_tree(self, src: str | Path) -> None:
+        """Copy a host directory into the workdir (links copied as links, never followed), owned by
+        this sandbox's uid: how a fresh sandbox receives another one's files."""
         shutil.copytree(src, self.workdir, symlinks=True, dirs_exist_ok=True, copy_function=_copy_regular)
         if self.uid is not None:
             for dirpath, dirnames, filenames in os.walk(self.workdir):

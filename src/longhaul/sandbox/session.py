@@ -51,10 +51,13 @@ class Session:
         self._cond = threading.Condition()
         self._bufs = {"out": bytearray(), "err": bytearray()}
         self._closed = False
+        self._eof = 0  # streams that reached end of file: the shell has exited
         self._proc = subprocess.Popen(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       **sandbox.spawn_args(["bash", "--noprofile", "--norc"]))
-        for key, stream in (("out", self._proc.stdout), ("err", self._proc.stderr)):
-            threading.Thread(target=self._pump, args=(key, stream), daemon=True).start()
+        self._pumps = [threading.Thread(target=self._pump, args=(key, stream), daemon=True)
+                       for key, stream in (("out", self._proc.stdout), ("err", self._proc.stderr))]
+        for t in self._pumps:
+            t.start()
 
     def _pump(self, key: str, stream) -> None:
         cap = self.sandbox.spec.output_bytes * 2
@@ -68,6 +71,9 @@ class Session:
                         del buf[: len(buf) - cap]
                 self._cond.notify_all()
             if not chunk:
+                with self._cond:
+                    self._eof += 1
+                    self._cond.notify_all()
                 return
 
     def _shell_pid(self) -> int | None:
@@ -102,7 +108,7 @@ class Session:
         hit = None
         end = m.encode()
         with self._cond:
-            done = lambda: end + b":" in self._bufs["out"] and b"\n" + end + b"\n" in self._bufs["err"]
+            done = lambda: (end + b":" in self._bufs["out"] and b"\n" + end + b"\n" in self._bufs["err"]) or self._eof == 2
             if not self._cond.wait_for(done, timeout=timeout):
                 hit = "wall"
         if hit:
@@ -111,9 +117,12 @@ class Session:
                 self._cond.wait_for(done, timeout=5)
         with self._cond:
             out, err = bytes(self._bufs["out"]), bytes(self._bufs["err"])
-        head, _, tail = out.rpartition(b"\n" + end + b":")
+        head, sep, tail = out.rpartition(b"\n" + end + b":")
         code = int(tail.split(b"\n")[0] or -1) if tail else None
-        err = err.rpartition(b"\n" + end + b"\n")[0]
+        if not sep and self._eof == 2:  # the shell exited (`exit`, or killed) before the marker: its status is the command's
+            head, code = out, self._proc.wait(timeout=5)
+        err_head, err_sep, _ = err.rpartition(b"\n" + end + b"\n")
+        err = err_head if err_sep else err
         cap = self.sandbox.spec.output_bytes
         truncated = len(head) > cap or len(err) > cap
         sig = code - 128 if code and code > 128 else None
@@ -124,9 +133,24 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        self._proc.kill()
+        # The shell does not die with bwrap (its parent-death signal is lost when bwrap drops
+        # privileges), so the whole tree is killed, innermost first.
+        for pid in [*reversed(_descendants(self._proc.pid)), self._proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self._proc.wait()
-        for f in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+        # The pumps end at EOF, once every process holding the pipes is gone. Closing a stream a
+        # pump is still reading would block on its lock, so stragglers are killed first.
+        for t in self._pumps:
+            t.join(timeout=0.2)
+        if any(t.is_alive() for t in self._pumps) and self.sandbox.cgroup:
+            self.sandbox.cgroup.kill_all()
+            for t in self._pumps:
+                t.join(timeout=2.0)
+        streams = [self._proc.stdin] + ([self._proc.stdout, self._proc.stderr] if not any(t.is_alive() for t in self._pumps) else [])
+        for f in streams:
             try:
                 f.close()
             except OSError:

@@ -1,0 +1,246 @@
+"""The agent loop: drive a policy through envs, turn by turn, into token-exact Trajectories.
+
+A policy is anything with `generate(prompts, sampling, keys) -> [Generation]` over token ids:
+the model's sampler (`ModelPolicy`), a scripted oracle (`ScriptedPolicy`), later the inference
+engine or a remote server. Episodes run side by side: each round, every live episode's prompt
+goes to the policy in one batch, then the envs step in a thread pool (sandbox work is in
+subprocesses, so threads overlap it).
+
+Token exactness: turn k+1's prompt is built as turn k's prompt + its sampled ids + the tokens of
+the text the chat template adds after that reply (end-of-turn, tool observations, the next
+generation prompt). Nothing the model produced is re-tokenised. Where the template would not
+extend the previous text (a template that rewrites history), the prompt is re-rendered and a
+new segment starts; `prompt_mode="retokenize"` always re-renders and starts a new segment only
+when the re-rendered ids do not extend the previous ones. An episode ends `done` (the env
+terminated), `truncated` (max turns, max tokens, context overflow) or `infra_error`.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Protocol
+
+from longhaul.inference import SamplingParams
+from longhaul.types import Score, Trajectory, Turn
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" or "length"
+    version: int = 0  # weight version that produced the tokens
+
+
+class Policy(Protocol):
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams, keys: list[str]) -> list[Generation]: ...
+
+
+class ModelPolicy:
+    """An HF causal LM through the batched sampler; each call advances the seed so rounds differ."""
+
+    def __init__(self, model, tok, version: int = 0, seed: int = 0):
+        self.model, self.tok, self.version, self.seed = model, tok, version, seed
+
+    def generate(self, prompts, sampling, keys=None):
+        from longhaul.inference import generate
+
+        outs = generate(self.model, self.tok, prompts, sampling, seed=self.seed)
+        self.seed += 1
+        return [Generation(o.token_ids, o.logprobs, o.finish_reason, self.version) for o in outs]
+
+
+class ScriptedPolicy:
+    """Replies from fixed scripts, one text per turn, keyed by episode key: the oracle and null
+    agents of the quality checks. Tokens are the tokenizer's encoding of each text plus the
+    end-of-turn token; log-probs are 0."""
+
+    def __init__(self, tok, scripts: dict[str, list[str]]):
+        self.tok, self.scripts = tok, scripts
+        self._pos: dict[str, int] = {}
+
+    def generate(self, prompts, sampling, keys):
+        out = []
+        for key in keys:
+            k = self._pos.get(key, 0)
+            script = self.scripts[key]
+            text = script[k] if k < len(script) else script[-1]
+            self._pos[key] = k + 1
+            ids = self.tok(text, add_special_tokens=False).input_ids + [self.tok.eos_token_id]
+            out.append(Generation(ids, [0.0] * len(ids), "stop"))
+        return out
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    max_turns: int = 12  # assistant replies per episode
+    max_tokens: int = 4096  # prompt + completion of the last turn, i.e. the context the model needs
+    max_new_tokens: int = 384  # per reply
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ("</tool_call>",)  # a reply ends after its first tool call
+    prompt_mode: Literal["extend", "retokenize"] = "extend"
+    workers: int = 4  # envs stepped in parallel
+
+
+@dataclass
+class _Episode:
+    key: str
+    task: object
+    env: object
+    messages: list[dict] = field(default_factory=list)
+    text: str = ""  # the rendered prompt of the current turn
+    ids: list[int] = field(default_factory=list)
+    segment: int = 0
+    turns: list[Turn] = field(default_factory=list)
+    ended: str | None = None
+    info: dict = field(default_factory=dict)
+    tool_calls: int = 0
+    t0: float = field(default_factory=time.perf_counter)
+
+
+def _render(tok, messages) -> str:
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def _encode(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False).input_ids
+
+
+def _decode(tok, ids: list[int]) -> str:
+    return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _reply_text(tok, ids: list[int]) -> str:
+    """The assistant message content: the reply without its end-of-turn token."""
+    if ids and ids[-1] == tok.eos_token_id:
+        ids = ids[:-1]
+    return _decode(tok, ids)
+
+
+def _advance(tok, ep: _Episode, completion: list[int], mode: str) -> None:
+    """Set ep.ids / ep.text to the next turn's prompt; a new segment where exactness breaks."""
+    new_text = _render(tok, ep.messages)
+    prev = ep.ids + completion
+    if mode == "extend":
+        covered = ep.text + _decode(tok, completion)
+        if new_text.startswith(covered):
+            ep.ids, ep.text = prev + _encode(tok, new_text[len(covered):]), new_text
+            return
+        ep.ids, ep.text = _encode(tok, new_text), new_text
+        ep.segment += 1
+        return
+    ids = _encode(tok, new_text)
+    if ids[: len(prev)] != prev:
+        ep.segment += 1
+    ep.ids, ep.text = ids, new_text
+
+
+def _finish(ep: _Episode) -> Trajectory:
+    info = {**ep.info, "ended": ep.ended, "turns": len(ep.turns), "tool_calls": ep.tool_calls,
+            "segments": ep.segment + 1 if ep.turns else 0}
+    if ep.ended == "infra_error":
+        score = Score(0.0, False, "infra_error")
+    else:
+        try:
+            score = ep.env.verify()
+        except Exception as e:  # the verifier's own failure is ours, not the model's
+            score = Score(0.0, False, "infra_error")
+            info["ended"], info["infra_error"] = "infra_error", f"verify: {type(e).__name__}: {e}"
+    info.update(status=score.status, passed=score.passed, reward=score.reward, wall_s=time.perf_counter() - ep.t0)
+    return Trajectory(ep.turns, score.reward, 0, info)
+
+
+def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], tasks: list, cfg: AgentConfig = AgentConfig(),
+                 keys: list[str] | None = None, groups: list[int] | None = None, on_done: Callable | None = None) -> list[Trajectory]:
+    """Run one episode per task (repeat a task for a group) and return their Trajectories in order.
+
+    `make_env(task)` gives a fresh env (or one to reuse) for an episode; envs are closed here.
+    `keys` name episodes for stateful policies (default "i:task_id"); `groups` sets Trajectory.group.
+    """
+    keys = keys or [f"{i}:{t.task_id}" for i, t in enumerate(tasks)]
+    episodes = [_Episode(k, t, make_env(t)) for k, t in zip(keys, tasks)]
+    results: dict[int, Trajectory] = {}
+    with ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
+        def start(ep: _Episode):
+            try:
+                ep.messages, ep.info = ep.env.reset(ep.task)
+                ep.text = _render(tok, ep.messages)
+                ep.ids = _encode(tok, ep.text)
+            except Exception as e:
+                ep.ended, ep.info = "infra_error", {"task_id": ep.task.task_id, "infra_error": f"reset: {type(e).__name__}: {e}"}
+
+        list(pool.map(start, episodes))
+        live = [i for i, ep in enumerate(episodes) if ep.ended is None]
+        for i, ep in enumerate(episodes):
+            if ep.ended is not None:
+                results[i] = _close(ep, on_done)
+        while live:
+            by_budget: dict[int, list[int]] = {}
+            for i in live:
+                ep = episodes[i]
+                room = cfg.max_tokens - len(ep.ids)
+                if room <= 0:
+                    ep.ended = "truncated"
+                    ep.info["truncated_by"] = "context"
+                    continue
+                by_budget.setdefault(min(cfg.max_new_tokens, room), []).append(i)
+            gens: dict[int, Generation] = {}
+            for budget, idx in by_budget.items():
+                params = SamplingParams(max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p, stop=cfg.stop)
+                for i, g in zip(idx, policy.generate([episodes[i].ids for i in idx], params, [episodes[i].key for i in idx])):
+                    gens[i] = g
+
+            def step(i: int):
+                ep, g = episodes[i], gens[i]
+                n = len(g.token_ids)
+                ep.turns.append(Turn(list(ep.ids), list(g.token_ids), list(g.logprobs), [g.version] * n, [1] * n,
+                                     g.finish_reason, ep.segment))
+                reply = _reply_text(tok, g.token_ids)
+                try:
+                    res = ep.env.step({"role": "assistant", "content": reply})
+                except Exception as e:
+                    ep.ended, ep.info["infra_error"] = "infra_error", f"step: {type(e).__name__}: {e}"
+                    return
+                ep.tool_calls += res.info.get("tool_calls", 0)
+                if res.info.get("infra_error"):
+                    ep.ended, ep.info["infra_error"] = "infra_error", res.info["infra_error"]
+                    return
+                if res.terminated:
+                    ep.ended = "done"
+                    return
+                if res.truncated:
+                    ep.ended = "truncated"
+                    return
+                if len(ep.turns) >= cfg.max_turns:
+                    ep.ended, ep.info["truncated_by"] = "truncated", "max_turns"
+                    return
+                ep.messages += [{"role": "assistant", "content": reply}, *res.observations]
+                _advance(tok, ep, g.token_ids, cfg.prompt_mode)
+                if len(ep.ids) >= cfg.max_tokens:
+                    ep.ended, ep.info["truncated_by"] = "truncated", "context"
+
+            list(pool.map(step, list(gens)))
+            done = [i for i in live if episodes[i].ended is not None]
+            for i, traj in zip(done, pool.map(lambda i: _close(episodes[i], on_done), done)):
+                results[i] = traj
+            live = [i for i in live if episodes[i].ended is None]
+    out = [results[i] for i in range(len(episodes))]
+    for i, t in enumerate(out):
+        t.group = groups[i] if groups else i
+    return out
+
+
+def _close(ep: _Episode, on_done) -> Trajectory:
+    try:
+        traj = _finish(ep)
+    finally:
+        try:
+            ep.env.close()
+        except Exception:
+            pass
+    if on_done:
+        on_done(traj)
+    return traj

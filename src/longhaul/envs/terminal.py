@@ -1,0 +1,872 @@
+"""Procedurally generated shell tasks on files, text and data (family ``terminal``).
+
+Each task gives the agent a small workspace (files under /work) and asks for a change of state
+that the usual command-line tools make: sort and dedupe a list, total a CSV column per group,
+rename files by a pattern, list the files holding a token, count matching lines, replace a
+string across a tree, pack an archive, fix permissions, summarise a log as JSON, install a
+package from a local offline wheelhouse and use it. The hidden check (`CHECKER`, driven by a
+per-task `spec.json`) compares the final files with what the task's data determines exactly,
+so an empty or placeholder output never passes.
+
+A task is a pure function of ``(seed, difficulty, subfamily)``: a private ``random.Random(seed)``
+picks the sub-family (unless one is forced) and every name, number and row. A sub-family is a
+builder ``(rng, difficulty) -> Built`` registered with ``@_register(name)``; difficulty 1 is
+one plain step, 2 and 3 grow the data and add a second condition or step. ``Built.reference``
+solves the task through the tools only (`run`, `write_file`), which the oracle agent replays.
+
+The generic parts (`Built`, `CHECKER`, `build_task`, `split_tasks`, the word helpers) are
+shared with the ``multistep`` family.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import random
+import re
+import shlex
+import tarfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from longhaul.envs.workspace import Action, WorkspaceTask
+
+FAMILY = "terminal"
+VERSION = "1"
+DIFFICULTIES = (1, 2, 3)
+SPLIT_SEED_BASE = {"train": 0, "heldout": 1_000_000}
+MAX_TASK_BYTES = 50_000  # all files and hidden files of one task together
+# -I: the checker itself never loads the user site (/work/.local), where an agent could plant a
+# usercustomize.py or .pth file that exits 0 at start-up; probes that need the user site (an
+# installed package) run in a child interpreter and must print the expected JSON.
+VERIFY_COMMAND = "python3 -I .longhaul_hidden/check.py"
+
+# ------------------------------------------------------------------ the hidden checker --
+
+# The same program for every task; what it checks comes from the task's spec.json (a list of
+# checks). It runs in the verify copy's /work and stops at the first failure with exit 1.
+CHECKER = r'''"""Hidden state check of a longhaul task: the checks of spec.json against the files in the cwd."""
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORK = os.getcwd()
+
+
+def fail(msg):
+    print("FAIL: " + msg)
+    sys.exit(1)
+
+
+def raw(path):
+    if not os.path.isfile(path):
+        fail(f"{path} is missing or not a regular file")
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def text(path):
+    try:
+        return raw(path).decode("utf-8")
+    except UnicodeDecodeError:
+        fail(f"{path} is not UTF-8 text")
+
+
+def chomp(s):
+    return s[:-1] if s.endswith("\n") else s
+
+
+def walk(root, skip_hidden):
+    found = {}
+    for d, dirs, files in os.walk(root):
+        if skip_hidden:
+            dirs[:] = [x for x in dirs if not x.startswith(".")]
+            files = [x for x in files if not x.startswith(".")]
+        for name in files:
+            p = os.path.join(d, name)
+            found[os.path.relpath(p, root)] = p
+        for name in dirs:  # os.walk does not descend into links to directories: name them as entries
+            p = os.path.join(d, name)
+            if os.path.islink(p):
+                found[os.path.relpath(p, root)] = p
+    return found
+
+
+def member_name(name):
+    while name.startswith("./"):
+        name = name[2:]
+    if name.startswith("/") or ".." in name.split("/"):
+        fail(f"archive member {name!r} has an absolute or '..' path")
+    return name
+
+
+def check(c):
+    op, path = c["op"], c.get("path")
+    if op == "text":  # exact text; one final newline more or less is accepted
+        if chomp(text(path)) != chomp(c["expect"]):
+            fail(f"{path} does not have the expected content")
+    elif op == "answer":  # a short answer: surrounding whitespace is ignored
+        if text(path).strip() != c["expect"]:
+            fail(f"{path} does not hold the right answer")
+    elif op == "json":
+        try:
+            got = json.loads(text(path))
+        except ValueError as e:
+            fail(f"{path} is not valid JSON ({e})")
+        if got != c["expect"]:
+            fail(f"{path} does not hold the expected JSON")
+    elif op == "json_key":
+        try:
+            got = json.loads(text(path))
+        except ValueError as e:
+            fail(f"{path} is not valid JSON ({e})")
+        if not isinstance(got, dict) or got.get(c["key"]) != c["expect"]:
+            fail(f"{path}: key {c['key']!r} does not have the expected value")
+    elif op == "absent":
+        if os.path.lexists(path):
+            fail(f"{path} should not exist")
+    elif op == "tree":  # exactly these regular files under root, byte for byte
+        root = c["root"]
+        if not os.path.isdir(root):
+            fail(f"{root}/ is missing")
+        found = walk(root, c.get("skip_hidden", False))
+        want = c["files"]
+        extra = sorted(set(found) - set(want))
+        missing = sorted(set(want) - set(found))
+        if missing:
+            fail(f"missing under {root}/: {', '.join(missing[:5])}")
+        if extra:
+            fail(f"unexpected under {root}/: {', '.join(extra[:5])}")
+        for rel, content in want.items():
+            p = found[rel]
+            if os.path.islink(p) or not os.path.isfile(p):
+                fail(f"{p} is not a regular file")
+            if raw(p) != content.encode("utf-8"):
+                fail(f"{p} does not have the expected content")
+    elif op == "mode":
+        if os.path.islink(path) or not os.path.isfile(path):
+            fail(f"{path} is missing or not a regular file")
+        mode = os.stat(path).st_mode
+        if c["exec"] and not mode & 0o100:
+            fail(f"{path} is not executable")
+        if not c["exec"] and mode & 0o111:
+            fail(f"{path} should not be executable")
+    elif op == "tar":  # a gzip tar holding exactly these regular files (directory entries are ignored)
+        raw(path)
+        try:
+            with tarfile.open(path, "r:gz") as tf:
+                got = {}
+                for m in tf.getmembers():
+                    if m.isdir():
+                        continue
+                    name = member_name(m.name)
+                    if not m.isfile():
+                        fail(f"archive member {name!r} is not a regular file")
+                    data = tf.extractfile(m).read().decode("utf-8", "replace")
+                    if name in got and got[name] != data:
+                        fail(f"archive member {name!r} appears twice with different content")
+                    got[name] = data
+        except (tarfile.TarError, OSError, EOFError) as e:
+            fail(f"{path} is not a readable .tar.gz archive ({e})")
+        want = c["files"]
+        if sorted(got) != sorted(want):
+            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+            fail(f"{path}: missing members {missing[:5]}, unexpected members {extra[:5]}")
+        for name, content in want.items():
+            if got[name] != content:
+                fail(f"{path}: member {name!r} does not have the expected content")
+    elif op == "python":  # a probe in a child interpreter (agent code may exit or print): its last line is JSON
+        try:
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONNOUSERSITE"}  # the probe sees what the agent installed
+            r = subprocess.run([sys.executable, "-c", c["code"], WORK], cwd=HERE, capture_output=True, text=True,
+                               timeout=c.get("timeout", 20), env=env)
+        except subprocess.TimeoutExpired:
+            fail(f"{c['what']}: the probe timed out")
+        lines = [x for x in r.stdout.splitlines() if x.strip()]
+        if r.returncode != 0 or not lines:
+            fail(f"{c['what']}: the probe failed: {(r.stderr.strip().splitlines() or ['no output'])[-1][:200]}")
+        try:
+            got = json.loads(lines[-1])
+        except ValueError:
+            fail(f"{c['what']}: the probe printed no JSON")
+        if got != c["expect"]:
+            bad = sorted(k for k in c["expect"] if not isinstance(got, dict) or got.get(k) != c["expect"][k])
+            fail(f"{c['what']}: wrong {', '.join(bad) or 'result'}")
+    else:
+        fail(f"unknown check {op!r}")
+
+
+def main():
+    with open(os.path.join(HERE, "spec.json"), encoding="utf-8") as f:
+        spec = json.load(f)
+    for c in spec["checks"]:
+        check(c)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+# ------------------------------------------------------------------ generic task machinery --
+
+@dataclass
+class Built:
+    """What a sub-family builder returns."""
+
+    instruction: str
+    files: dict  # path -> str | bytes
+    checks: list  # the checks of spec.json, run in order
+    reference: tuple  # Actions (submit excluded)
+    setup: tuple = ()
+    test_command: str | None = None
+    check_python: bool = False
+
+
+@dataclass(frozen=True)
+class SubFamily:
+    name: str
+    build: Callable[[random.Random, int], Built]
+
+
+def make_registry():
+    """A sub-family dict and the decorator that fills it."""
+    registry: dict[str, SubFamily] = {}
+
+    def register(name: str):
+        def deco(build):
+            registry[name] = SubFamily(name, build)
+            return build
+        return deco
+
+    return registry, register
+
+
+def task_id(family: str, version: str, subfamily: str, seed: int, difficulty: int) -> str:
+    return f"{family}/v{version}/{subfamily}/{seed}" + (f"-d{difficulty}" if difficulty != 1 else "")
+
+
+def build_task(family: str, version: str, registry: dict, seed: int, difficulty: int = 1,
+               subfamily: str | None = None) -> WorkspaceTask:
+    """The task for ``seed``: the sub-family is drawn from the seed unless given."""
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
+    names = sorted(registry)
+    if subfamily is not None and subfamily not in registry:
+        raise ValueError(f"unknown sub-family {subfamily!r}; valid: {', '.join(names)}")
+    rng = random.Random(seed)
+    drawn = names[rng.randrange(len(names))]  # drawn even when forced, so the rest of the stream is the same
+    name = subfamily or drawn
+    b = registry[name].build(rng, difficulty)
+    hidden = {"check.py": CHECKER, "spec.json": json.dumps({"checks": b.checks}, sort_keys=True, indent=1) + "\n"}
+    files, setup = dict(b.files), tuple(b.setup)
+    size = sum(len(v.encode() if isinstance(v, str) else v) for v in (*files.values(), *hidden.values()))
+    if size > MAX_TASK_BYTES:
+        raise RuntimeError(f"{family}/{name}/d{difficulty}/{seed}: {size} bytes of files, over {MAX_TASK_BYTES}")
+    if not b.reference:
+        raise RuntimeError(f"{family}/{name}: no reference actions")
+    return WorkspaceTask(task_id=task_id(family, version, name, seed, difficulty), family=family, version=version, seed=seed,
+                         difficulty=difficulty, subfamily=name, instruction=b.instruction, files=files,
+                         hidden_files=hidden, verify_command=VERIFY_COMMAND, reference=tuple(b.reference),
+                         setup=setup, test_command=b.test_command, check_python=b.check_python,
+                         verify_timeout_s=30.0)
+
+
+def split_tasks(make, registry: dict, split: str, n: int, difficulty: int = 1,
+                subfamilies: list[str] | None = None) -> list[WorkspaceTask]:
+    """``n`` tasks with seeds ``SPLIT_SEED_BASE[split] + i``; with ``subfamilies``, each seed draws one of them."""
+    if split not in SPLIT_SEED_BASE:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLIT_SEED_BASE)}")
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative integer, got {n!r}")
+    pool = None
+    if subfamilies is not None:
+        pool = list(subfamilies)
+        unknown = [s for s in pool if s not in registry]
+        if unknown or not pool:
+            raise ValueError(f"unknown or empty sub-family list {unknown or pool}; valid: {', '.join(sorted(registry))}")
+    base = SPLIT_SEED_BASE[split]
+    out = []
+    for seed in range(base, base + n):
+        chosen = None if pool is None else pool[random.Random(seed).randrange(len(pool))]
+        out.append(make(seed, difficulty, chosen))
+    return out
+
+
+# ------------------------------------------------------------------ content helpers --
+
+_CONS = "bdfghklmnprstvz"
+_VOWELS = "aeiou"
+
+
+def word(rng: random.Random, lo: int = 2, hi: int = 3) -> str:
+    """A pronounceable lowercase pseudo-word of lo..hi syllables."""
+    return "".join(rng.choice(_CONS) + rng.choice(_VOWELS) for _ in range(rng.randint(lo, hi)))
+
+
+def words(rng: random.Random, n: int, lo: int = 2, hi: int = 3, avoid=()) -> list[str]:
+    """n distinct pseudo-words, none in ``avoid``, in draw order."""
+    seen, out = set(avoid), []
+    while len(out) < n:
+        w = word(rng, lo, hi)
+        if w not in seen:
+            seen.add(w)
+            out.append(w)
+    return out
+
+
+def sentence(rng: random.Random, lo: int = 3, hi: int = 7) -> str:
+    return " ".join(word(rng, 1, 3) for _ in range(rng.randint(lo, hi)))
+
+
+def lines(items) -> str:
+    return "".join(f"{x}\n" for x in items)
+
+
+def q(s: str) -> str:
+    return shlex.quote(s)
+
+
+def run(command: str) -> Action:
+    return Action("run", {"command": command})
+
+
+def write(path: str, content: str) -> Action:
+    return Action("write_file", {"path": path, "content": content})
+
+
+def read(path: str) -> Action:
+    return Action("read_file", {"path": path})
+
+
+def _pick(d: int, *levels):
+    return levels[d - 1]
+
+
+SUBFAMILIES, _register = make_registry()
+
+# ------------------------------------------------------------------ sub-families --
+
+
+@_register("sort_unique")
+def _sort_unique(rng, d):
+    n = _pick(d, rng.randint(12, 18), rng.randint(20, 30), rng.randint(25, 35))
+    vocab = words(rng, n)
+    counts = {w: rng.choice((1, 1, 2, 3, 4)) for w in vocab}
+    if d == 3:  # a clear frequency order at the top, then ties broken by word
+        for w, c in zip(vocab, (9, 7, 6, 6)):
+            counts[w] = c
+    tokens = [w for w, c in counts.items() for _ in range(c)]
+    rng.shuffle(tokens)
+
+    def noisy(w):
+        if d == 1:
+            return w
+        w = "".join(ch.upper() if rng.random() < 0.3 else ch for ch in w)
+        return " " * rng.choice((0, 0, 1, 2)) + w + " " * rng.choice((0, 0, 1))
+
+    def body(toks):
+        out = []
+        for t in toks:
+            out.append(noisy(t))
+            if d > 1 and rng.random() < 0.15:
+                out.append(rng.choice(("", " ", "  ")))
+        return lines(out)
+
+    expect = lines(sorted(vocab))
+    if d < 3:
+        files = {"words.txt": body(tokens)}
+        src = "words.txt"
+    else:
+        k = rng.randint(3, 4)
+        names = words(rng, k, 2, 2)
+        parts = [tokens[i::k] for i in range(k)]
+        files = {f"lists/{nm}.txt": body(p) for nm, p in zip(names, parts)}
+        src = "lists/*.txt"
+    checks = [{"op": "text", "path": "sorted.txt", "expect": expect}]
+    if d == 1:
+        instruction = ("`words.txt` has one word per line, some of them repeated. Write `sorted.txt` with every distinct "
+                       "word exactly once, sorted in byte order (as `LC_ALL=C sort` sorts), one per line.")
+        ref = [run("LC_ALL=C sort -u words.txt > sorted.txt")]
+    else:
+        where = "`words.txt` has" if d == 2 else "The files `lists/*.txt` have"
+        instruction = (f"{where} one word per line in mixed case, with stray spaces around words, blank lines and repeats. "
+                       "Treat words case-insensitively: write `sorted.txt` with every distinct word once, in lowercase, "
+                       "without spaces, sorted in byte order (as `LC_ALL=C sort` sorts), one per line; blank lines are not words.")
+        norm = f"cat {src} | tr 'A-Z' 'a-z' | tr -d ' \\t' | grep -v '^$'"
+        ref = [run(f"{norm} | LC_ALL=C sort -u > sorted.txt")]
+        if d == 3:
+            top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+            checks.append({"op": "text", "path": "top.txt", "expect": lines(f"{c} {w}" for w, c in top)})
+            instruction += (" Also write `top.txt` with the 3 most frequent words over all the files (after the same "
+                            "lowercasing), one per line as `COUNT WORD` (e.g. `5 word`), most frequent first, ties in byte order of the word.")
+            ref.append(run(f"{norm} | LC_ALL=C sort | uniq -c | LC_ALL=C sort -k1,1nr -k2,2 | head -n 3 | awk '{{print $1, $2}}' > top.txt"))
+    return Built(instruction, files, checks, tuple(ref))
+
+
+@_register("csv_group_sum")
+def _csv_group_sum(rng, d):
+    group = rng.choice(("region", "store", "team", "city", "branch", "depot"))
+    groups = words(rng, _pick(d, rng.randint(3, 4), rng.randint(4, 5), rng.randint(4, 6)))
+    items = words(rng, 6, avoid=groups)
+    nrows = _pick(d, rng.randint(10, 14), rng.randint(18, 26), rng.randint(30, 45))
+    cols = ["id", group, "item", "qty", "price"] + (["status"] if d == 3 else [])
+    rng.shuffle(cols)
+    rows = []
+    for i in range(nrows):
+        g = groups[i] if i < len(groups) else rng.choice(groups)  # every group has a row
+        status = "paid" if i < len(groups) else rng.choice(("paid", "paid", "refunded", "pending"))
+        rows.append({"id": str(1000 + i * rng.randint(1, 3) + rng.randint(0, 9) * 1000), group: g, "item": rng.choice(items),
+                     "qty": str(rng.randint(1, 9)), "price": str(rng.randint(2, 99)), "status": status})
+    rng.shuffle(rows)
+    csv = lines([",".join(cols)] + [",".join(r[c] for c in cols) for r in rows])
+    totals: dict[str, int] = {}
+    for r in rows:
+        if d == 3 and r["status"] != "paid":
+            continue
+        v = int(r["qty"]) * (int(r["price"]) if d > 1 else 1)
+        totals[r[group]] = totals.get(r[group], 0) + v
+    expect = lines([f"{group},total"] + [f"{g},{totals[g]}" for g in sorted(totals)])
+    what = _pick(d, "the sum of `qty`", "the sum of `qty * price`", "the sum of `qty * price` over the rows whose `status` is `paid`")
+    instruction = (f"`sales.csv` is a CSV file with a header row (plain commas, no quoting). Write `totals.csv` with the header "
+                   f"`{group},total` and then one row `{group.upper()},TOTAL` per {group} (in byte order of the {group} name), "
+                   f"where TOTAL is {what} for that {group}" + (f" (leave out a {group} with no paid rows)" if d == 3 else "") + ".")
+    ix = {c: i + 1 for i, c in enumerate(cols)}
+    val = f"${ix['qty']}" if d == 1 else f"${ix['qty']}*${ix['price']}"
+    cond = f"NR>1 && ${ix['status']}==\"paid\"" if d == 3 else "NR>1"
+    ref = run(f"{{ echo '{group},total'; awk -F, '{cond} {{s[${ix[group]}]+={val}}} END {{for (k in s) print k \",\" s[k]}}' sales.csv "
+              f"| LC_ALL=C sort -t, -k1,1; }} > totals.csv")
+    return Built(instruction, {"sales.csv": csv}, [{"op": "text", "path": "totals.csv", "expect": expect}], (ref,))
+
+
+@_register("rename_ext")
+def _rename_ext(rng, d):
+    dirs = ["docs"] + [f"docs/{w}" for w in words(rng, _pick(d, 1, 2, 2), 2, 2)]
+    if d > 1:
+        dirs.append(f"{dirs[1]}/{word(rng, 2, 2)}")
+    files, expect = {}, {}
+    n = _pick(d, rng.randint(4, 6), rng.randint(8, 11), rng.randint(9, 12))
+    stems = words(rng, n + 4)
+    for i in range(n):
+        base = stems[i]
+        if d == 3 and i % 3 == 0:  # names with spaces
+            base = f"{base} {word(rng, 1, 2)} {rng.randint(1, 9)}"
+        dr = dirs[i % len(dirs)]
+        content = lines([sentence(rng) for _ in range(rng.randint(1, 3))])
+        files[f"{dr}/{base}.txt"] = content
+        expect[f"{dr}/{base}.md"[len('docs/'):]] = content
+    for j, ext in enumerate(_pick(d, (".log",), (".log", ".txt.bak", ".cfg"), (".log", ".txt.bak", ".text"))):
+        dr = dirs[j % len(dirs)]
+        content = lines([sentence(rng)])
+        files[f"{dr}/{stems[n + j]}{ext}"] = content
+        expect[f"{dr}/{stems[n + j]}{ext}"[len('docs/'):]] = content
+    checks = [{"op": "tree", "root": "docs", "files": expect}]
+    outside = ""
+    if d > 1:
+        keep = f"{word(rng, 2, 2)}.txt"
+        files[keep] = lines([sentence(rng)])
+        checks.append({"op": "text", "path": keep, "expect": files[keep]})
+        outside = f" Files outside `docs/` (like `{keep}`) stay as they are."
+    spaces = " Some names contain spaces." if d == 3 else ""
+    instruction = ("Rename every file ending in `.txt` anywhere under `docs/` (subdirectories included) so that it ends in `.md` "
+                   f"instead, e.g. `docs/a/b.txt` becomes `docs/a/b.md`. Keep contents unchanged and leave every other file alone.{spaces}{outside}")
+    ref = run("find docs -type f -name '*.txt' -exec sh -c 'for f do mv -- \"$f\" \"${f%.txt}.md\"; done' sh {} +")
+    return Built(instruction, files, checks, (ref,))
+
+
+_WORDCH = re.compile(r"[A-Za-z0-9_]")
+
+
+@_register("grep_files")
+def _grep_files(rng, d):
+    tag = rng.choice(("TODO", "FIXME", "HACK", "XXX", "BUG", "NOTE"))
+    token = f"{tag}-{rng.randint(100, 9999)}"
+    dirs = ["src"] + [f"src/{w}" for w in words(rng, _pick(d, 1, 3, 4), 2, 2)]
+    if d > 1:
+        dirs.append(f"{dirs[1]}/{word(rng, 2, 2)}")
+    n = _pick(d, rng.randint(7, 9), rng.randint(12, 16), rng.randint(16, 22))
+    names = words(rng, n)
+    kinds = ["real"] * rng.randint(2, 4)
+    if d > 1:
+        kinds += ["case"] * rng.randint(1, 2)
+    if d > 2:
+        kinds += ["prefix", "suffix"]
+    kinds += ["plain"] * (n - len(kinds))
+    rng.shuffle(kinds)
+    files = {}
+    for i, (nm, kind) in enumerate(zip(names, kinds)):
+        ext = rng.choice((".py", ".txt", ".cfg", ".md"))
+        body = [f"# {sentence(rng)}" if ext == ".py" else sentence(rng) for _ in range(rng.randint(3, 7))]
+        mark = {"real": token, "case": token.lower(), "prefix": f"X{token}", "suffix": f"{token}{rng.randint(0, 9)}"}.get(kind)
+        if mark:
+            k = rng.randrange(len(body))
+            body[k] = f"{body[k]} {mark}: {sentence(rng, 2, 4)}"
+        if kind == "real" and rng.random() < 0.4:  # a second hit in the same file
+            body.append(f"see {token} again")
+        files[f"{dirs[i % len(dirs)]}/{nm}{ext}"] = lines(body)
+    pat = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(token) + r"(?![A-Za-z0-9_])")
+    hits = sorted(p for p, t in files.items() if pat.search(t))
+    assert len(hits) == kinds.count("real")
+    instruction = (f"Find every file under `src/` that contains the token `{token}` (case-sensitive, as a whole word: not as part of "
+                   f"a longer token). Write their paths relative to /work (like `src/x/y.py`), one per line, sorted in byte order, "
+                   "to `matches.txt`.")
+    ref = run(f"grep -rlw -- {q(token)} src | LC_ALL=C sort > matches.txt")
+    return Built(instruction, files, [{"op": "text", "path": "matches.txt", "expect": lines(hits)}], (ref,))
+
+
+def _log_line(rng, level, comp, status, extra=""):
+    ts = f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}"
+    return f"{ts} {level} {comp}: {sentence(rng, 2, 5)}{extra} status={status}"
+
+
+@_register("count_matches")
+def _count_matches(rng, d):
+    comps = words(rng, 4, 2, 2)
+    dirs = ["logs"] + ([f"logs/{w}" for w in words(rng, 2, 2, 2)] if d == 3 else [])
+    names = words(rng, _pick(d, rng.randint(3, 4), rng.randint(4, 5), rng.randint(5, 7)), 2, 2)
+    files, expect = {}, []
+    for i, nm in enumerate(names):
+        path = f"{dirs[i % len(dirs)]}/{nm}.log"
+        out, count = [], 0
+        for _ in range(rng.randint(*_pick(d, (4, 9), (8, 14), (8, 16)))):
+            level = rng.choice(("INFO", "INFO", "WARN", "ERROR", "ERROR", "DEBUG"))
+            status = rng.choice((200, 200, 201, 404, 500, 502, 503, 302))
+            extra = " after ERROR" if d > 1 and level != "ERROR" and rng.random() < 0.25 else ""
+            out.append(_log_line(rng, level, rng.choice(comps), status, extra))
+            count += level == "ERROR" and (d == 1 or 500 <= status <= 599)
+        if i == 0:  # one file with no match at all
+            out = [x for x in out if x.split()[1] != "ERROR"] or [_log_line(rng, "INFO", comps[0], 200)]
+            count = 0
+        files[path] = lines(out)
+        expect.append((path, count))
+    expect.sort()
+    what = ("whose level (the second field) is `ERROR`" if d == 1 else
+            "whose level (the second field) is `ERROR` and whose last field is `status=5xx` (a 5xx status code)")
+    where = "every `*.log` file in `logs/`" if d < 3 else "every `*.log` file anywhere under `logs/`"
+    instruction = (f"For {where}, count the lines {what}. Write `counts.txt` with one line `PATH COUNT` per file (PATH relative "
+                   "to /work, like `logs/a.log`), sorted by PATH in byte order, including files with a count of 0.")
+    cond = '$2=="ERROR"' if d == 1 else '$2=="ERROR" && $NF ~ /^status=5[0-9][0-9]$/'
+    ref = run(f"for f in $(find logs -type f -name '*.log' | LC_ALL=C sort); do echo \"$f $(awk '{cond}' \"$f\" | wc -l)\"; done > counts.txt")
+    return Built(instruction, files, [{"op": "text", "path": "counts.txt", "expect": lines(f"{p} {c}" for p, c in expect)}], (ref,))
+
+
+@_register("sed_replace")
+def _sed_replace(rng, d):
+    a, b, dom = word(rng, 2, 2), word(rng, 1, 2), rng.choice(("internal", "corp", "lan", "example.com"))
+    old = f"{a}{rng.randint(1, 9)}.{b}.{dom}"
+    new = f"{word(rng, 2, 2)}{rng.randint(1, 9)}.{b}.{dom}"
+    lookalike = old.replace(".", "-")  # matches the unescaped pattern `a1.b.dom`, never the literal string
+    dirs = ["site"] + [f"site/{w}" for w in words(rng, _pick(d, 1, 2, 3), 2, 2)]
+    n = _pick(d, rng.randint(4, 6), rng.randint(7, 10), rng.randint(9, 12))
+    names = words(rng, n)
+    files = {}
+    for i, nm in enumerate(names):
+        ext = ".conf" if i < 2 else rng.choice((".conf", ".html", ".txt"))
+        if d > 1 and i == 2:
+            ext = ".html"
+        body = []
+        for _ in range(rng.randint(3, 6)):
+            r = rng.random()
+            if r < 0.35 or (i < 3 and not body):
+                body.append(f"upstream_{word(rng, 1, 2)} = http://{old}:{rng.randint(1000, 9999)}/")
+            elif d == 3 and r < 0.5:
+                body.append(f"alias = {lookalike}")
+            else:
+                body.append(f"{word(rng, 1, 2)} = {sentence(rng, 1, 3)}")
+        files[f"{dirs[i % len(dirs)]}/{nm}{ext}"] = lines(body)
+    if d == 3 and not any(lookalike in t for p, t in files.items() if p.endswith(".conf")):
+        first = min(p for p in files if p.endswith(".conf"))
+        files[first] += f"alias = {lookalike}\n"
+    in_scope = (lambda p: True) if d == 1 else (lambda p: p.endswith(".conf"))
+    expect = {p[len("site/"):]: (t.replace(old, new) if in_scope(p) else t) for p, t in files.items()}
+    other = f"{word(rng, 2, 2)}.conf"
+    files[other] = lines([f"mirror = http://{old}/", sentence(rng)])
+    scope = "every file under `site/`" if d == 1 else "every `*.conf` file under `site/` (subdirectories included; other files stay unchanged)"
+    instruction = (f"The host `{old}` was renamed to `{new}`. Replace every occurrence of the exact string `{old}` with `{new}` "
+                   f"in {scope}. Change nothing else; `{other}` outside `site/` must stay as it is.")
+    esc = old.replace(".", r"\.")
+    pat = "-type f" if d == 1 else "-type f -name '*.conf'"
+    ref = run(f"find site {pat} -exec sed -i 's/{esc}/{new}/g' {{}} +")
+    checks = [{"op": "tree", "root": "site", "files": expect}, {"op": "text", "path": other, "expect": files[other]}]
+    return Built(instruction, files, checks, (ref,))
+
+
+@_register("tar_archive")
+def _tar_archive(rng, d):
+    subs = words(rng, 2, 2, 2)
+    dirs = ["data", f"data/{subs[0]}", f"data/{subs[1]}"]
+    files = {}
+    n = _pick(d, rng.randint(5, 7), rng.randint(7, 9), rng.randint(8, 11))
+    names = words(rng, n + 3)
+    exts = [".csv", ".csv", ".txt", ".json", ".log"]
+    for i, nm in enumerate(names[:n]):
+        ext = ".csv" if i < 2 else (".json" if i == 2 else rng.choice(exts))
+        if ext == ".json":
+            body = json.dumps({"name": nm, "value": rng.randint(1, 999)}) + "\n"
+        elif ext == ".csv":
+            body = lines(["key,value"] + [f"{word(rng, 1, 2)},{rng.randint(1, 99)}" for _ in range(rng.randint(2, 4))])
+        else:
+            body = lines([sentence(rng)])
+        files[f"{dirs[i % len(dirs)]}/{nm}{ext}"] = body
+    if d > 1:
+        for nm in names[n:]:
+            files[f"data/scratch/{nm}.csv"] = lines(["key,value", f"{word(rng, 1, 2)},{rng.randint(1, 99)}"])
+        files["data/scratch/notes.json"] = json.dumps({"draft": True}) + "\n"
+    kinds = (".csv",) if d < 3 else (".csv", ".json")
+    chosen = {p: t for p, t in files.items() if p.endswith(kinds) and not p.startswith("data/scratch/")}
+    if d < 3:
+        members = chosen
+        names_note = "with member names as paths relative to /work (like `data/x.csv`)"
+    else:
+        members = {p[len("data/"):]: t for p, t in chosen.items()}
+        names_note = "with member names relative to `data/` (like `x.csv` or `sub/y.json`, without the `data/` prefix)"
+    what = "every `*.csv` file" if d < 3 else "every `*.csv` and `*.json` file"
+    excl = " except those under `data/scratch/`" if d > 1 else ""
+    instruction = (f"Create a gzip-compressed tar archive `backup.tar.gz` in /work holding {what} under `data/` (subdirectories "
+                   f"included){excl}, and nothing else, {names_note}. Leave the original files in place.")
+    if d == 1:
+        ref = run("find data -type f -name '*.csv' | LC_ALL=C sort | tar -czf backup.tar.gz -T -")
+    elif d == 2:
+        ref = run("find data -path data/scratch -prune -o -type f -name '*.csv' -print | LC_ALL=C sort | tar -czf backup.tar.gz -T -")
+    else:
+        ref = run("(cd data && find . -path ./scratch -prune -o -type f \\( -name '*.csv' -o -name '*.json' \\) -print "
+                  "| LC_ALL=C sort | tar -czf ../backup.tar.gz -T -)")
+    checks = [{"op": "tar", "path": "backup.tar.gz", "files": members},
+              {"op": "tree", "root": "data", "files": {p[len("data/"):]: t for p, t in files.items()}}]
+    return Built(instruction, files, checks, (ref,))
+
+
+def _script(rng, shell=True):
+    head = "#!/bin/sh" if shell and rng.random() < 0.5 else ("#!/bin/bash" if shell else "")
+    body = [f"echo {q(sentence(rng, 2, 4))}", f"{word(rng, 2, 2).upper()}={rng.randint(1, 99)}"]
+    return lines(([head] if head else []) + body)
+
+
+@_register("fix_perms")
+def _fix_perms(rng, d):
+    files, checks, setup = {}, [], []
+    if d < 3:
+        names = words(rng, rng.randint(3, 5) + (2 if d == 2 else 0), 2, 2)
+        for nm in names:
+            files[f"bin/{nm}.sh"] = _script(rng)
+            checks.append({"op": "mode", "path": f"bin/{nm}.sh", "exec": True})
+        for nm in ("README.md", f"{word(rng, 2, 2)}.env"):
+            files[f"bin/{nm}"] = lines([sentence(rng)])
+            checks.append({"op": "mode", "path": f"bin/{nm}", "exec": False})
+        instruction = "Make every `*.sh` file in `bin/` executable; the other files in `bin/` must not be executable."
+        ref = [run("chmod +x bin/*.sh")]
+        if d == 2:
+            sub = word(rng, 2, 2)
+            for i, nm in enumerate(words(rng, rng.randint(3, 5), 2, 2, avoid=names)):
+                path = f"data/{sub}/{nm}.csv" if i % 2 else f"data/{nm}.csv"
+                files[path] = lines(["a,b", f"{rng.randint(1, 9)},{rng.randint(1, 9)}"])
+                checks.append({"op": "mode", "path": path, "exec": False})
+                setup.append(f"chmod +x {q(path)}")
+            instruction += " Also, nothing under `data/` (subdirectories included) may be executable; remove those execute bits."
+            ref.append(run("find data -type f -exec chmod a-x {} +"))
+        roots = ["bin"] + (["data"] if d == 2 else [])
+    else:
+        dirs = ["tools"] + [f"tools/{w}" for w in words(rng, 2, 2, 2)]
+        names = words(rng, rng.randint(8, 11), 2, 2)
+        for i, nm in enumerate(names):
+            kind = ("script", "script", "noext", "lib", "data")[i % 5] if i < 5 else rng.choice(("script", "noext", "lib", "data"))
+            path = f"{dirs[i % len(dirs)]}/{nm}" + {"script": ".sh", "noext": "", "lib": ".sh", "data": ".txt"}[kind]
+            files[path] = _script(rng, shell=kind in ("script", "noext")) if kind != "data" else lines([sentence(rng)])
+            checks.append({"op": "mode", "path": path, "exec": kind in ("script", "noext")})
+            if kind in ("lib", "data") and rng.random() < 0.6 or i == 3:
+                setup.append(f"chmod +x {q(path)}")
+        instruction = ("Under `tools/` (subdirectories included), a file must be executable exactly when its first two bytes are `#!` "
+                       "(a script, whatever its name); every other file there must not be executable. Fix the permissions.")
+        ref = [run("find tools -type f -exec sh -c 'for f do if [ \"$(head -c 2 \"$f\")\" = \"#!\" ]; then chmod +x \"$f\"; "
+                   "else chmod a-x \"$f\"; fi; done' sh {} +")]
+        roots = ["tools"]
+    instruction += " Do not change, move or delete any file."
+    for r in roots:
+        checks.append({"op": "tree", "root": r, "files": {p[len(r) + 1:]: t for p, t in files.items() if p.startswith(r + "/")}})
+    return Built(instruction, files, checks, tuple(ref), setup=tuple(setup))
+
+
+@_register("log_json")
+def _log_json(rng, d):
+    comps = words(rng, _pick(d, 3, 4, 5), 2, 2)
+    levels = ("INFO", "WARN", "ERROR", "DEBUG")
+    n = _pick(d, rng.randint(10, 15), rng.randint(18, 26), rng.randint(25, 35))
+    t = rng.randint(0, 10_000)
+    out, recs = [], []
+    for i in range(n):
+        t += rng.randint(1, 400)
+        ts = f"2024-03-{1 + t // 86400 % 28:02d}T{t // 3600 % 24:02d}:{t // 60 % 60:02d}:{t % 60:02d}Z"
+        level = "ERROR" if i == 1 else rng.choice(levels)
+        comp = rng.choice(comps)
+        out.append(f"{ts} {level} {comp} {sentence(rng, 2, 6)}")
+        recs.append((ts, level, comp))
+        if d == 3 and rng.random() < 0.2:
+            out.append(rng.choice(("", f"# {sentence(rng, 2, 4)}")))
+    summary: dict = {"total": len(recs), "levels": {}}
+    for _, lv, _ in recs:
+        summary["levels"][lv] = summary["levels"].get(lv, 0) + 1
+    errs = [r for r in recs if r[1] == "ERROR"]
+    if d > 1:
+        summary["errors_by_component"] = {}
+        for _, _, c in errs:
+            summary["errors_by_component"][c] = summary["errors_by_component"].get(c, 0) + 1
+    if d == 3:
+        summary["first_error"], summary["last_error"] = errs[0][0], errs[-1][0]
+    fields = ['"total": the number of log lines', '"levels": an object mapping each level that occurs to its number of lines']
+    if d > 1:
+        fields.append('"errors_by_component": an object mapping each component with ERROR lines to their number')
+    if d == 3:
+        fields.append('"first_error" and "last_error": the timestamps of the first and the last ERROR line')
+    skip = " Blank lines and lines starting with `#` are not log lines." if d == 3 else ""
+    instruction = ("`app.log` has lines `TIMESTAMP LEVEL COMPONENT MESSAGE...` (fields separated by single spaces)." + skip +
+                   " Write `summary.json`, a JSON object with exactly these keys: " + "; ".join(fields) + ".")
+    code = ["import json", "recs = []", "for line in open('app.log'):",
+            "    if not line.strip() or line.startswith('#'):", "        continue",
+            "    ts, lv, comp = line.split()[:3]", "    recs.append((ts, lv, comp))",
+            "s = {'total': len(recs), 'levels': {}}", "for ts, lv, comp in recs:",
+            "    s['levels'][lv] = s['levels'].get(lv, 0) + 1", "errs = [r for r in recs if r[1] == 'ERROR']"]
+    if d > 1:
+        code += ["s['errors_by_component'] = {}", "for ts, lv, comp in errs:",
+                 "    s['errors_by_component'][comp] = s['errors_by_component'].get(comp, 0) + 1"]
+    if d == 3:
+        code += ["s['first_error'], s['last_error'] = errs[0][0], errs[-1][0]"]
+    code += ["json.dump(s, open('summary.json', 'w'), indent=2)"]
+    ref = run("python3 - <<'EOF'\n" + "\n".join(code) + "\nEOF")
+    return Built(instruction, {"app.log": lines(out)}, [{"op": "json", "path": "summary.json", "expect": summary}], (ref,))
+
+
+# ---- the offline wheelhouse --
+
+_ZIP_DATE = (2024, 1, 1, 0, 0, 0)
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def make_wheel(name: str, version: str, modules: dict[str, str], requires: tuple = (), summary: str = "") -> tuple[str, bytes]:
+    """(file name, bytes) of a pure-Python wheel holding ``modules`` (path -> source); byte-identical for the same inputs."""
+    info = f"{name}-{version}.dist-info"
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", f"Summary: {summary or name}"]
+    meta += [f"Requires-Dist: {r}" for r in requires]
+    entries = {**modules, f"{info}/METADATA": lines(meta),
+               f"{info}/WHEEL": lines(["Wheel-Version: 1.0", "Generator: longhaul", "Root-Is-Purelib: true", "Tag: py3-none-any"]),
+               f"{info}/top_level.txt": lines(sorted({p.split("/")[0].removesuffix(".py") for p in modules}))}
+    record = [f"{p},{_record_hash(t.encode())},{len(t.encode())}" for p, t in entries.items()] + [f"{info}/RECORD,,"]
+    entries[f"{info}/RECORD"] = lines(record)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        for path, content in entries.items():
+            zi = zipfile.ZipInfo(path, date_time=_ZIP_DATE)
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            zi.external_attr = 0o644 << 16
+            zf.writestr(zi, content.encode())
+    return f"{name}-{version}-py3-none-any.whl", buf.getvalue()
+
+
+def _codec_source(name, version, func, shift, mark, dep=None):
+    rot = (f"from {dep} import rotate\n" if dep else
+           "def rotate(ch, k):\n    if 'a' <= ch <= 'z':\n        return chr((ord(ch) - 97 + k) % 26 + 97)\n"
+           "    if 'A' <= ch <= 'Z':\n        return chr((ord(ch) - 65 + k) % 26 + 65)\n    return ch\n")
+    return (f'"""{name} {version}: a small line codec."""\n\n{rot}\n__version__ = "{version}"\nSHIFT = {shift}\nMARK = "{mark}"\n\n\n'
+            f"def {func}(text):\n    \"\"\"The encoded form of one line of text.\"\"\"\n"
+            f"    return MARK + ''.join(rotate(ch, SHIFT) for ch in reversed(text))\n")
+
+
+def _codec(text, shift, mark):
+    def rot(ch):
+        if "a" <= ch <= "z":
+            return chr((ord(ch) - 97 + shift) % 26 + 97)
+        if "A" <= ch <= "Z":
+            return chr((ord(ch) - 65 + shift) % 26 + 65)
+        return ch
+    return mark + "".join(rot(ch) for ch in reversed(text))
+
+
+_PROBE = """import importlib, importlib.metadata as md, json, os, sys
+work = os.path.realpath(sys.argv[1])
+local = os.path.join(work, '.local') + os.sep
+out = {}
+for dist in @DISTS@:
+    m = importlib.import_module(dist)
+    out[dist] = {'module_in_user_site': os.path.realpath(m.__file__).startswith(local),
+                 'dist_in_user_site': os.path.realpath(str(md.distribution(dist).locate_file(''))).startswith(local),
+                 'version': md.version(dist)}
+m = importlib.import_module(@NAME@)
+out['probe'] = [getattr(m, @FUNC@)(x) for x in @PROBES@]
+print(json.dumps(out, sort_keys=True))
+"""
+
+
+@_register("wheel_install")
+def _wheel_install(rng, d):
+    name = word(rng, 2, 3) + rng.choice(("kit", "fmt", "codec", "tools", "lib"))
+    func = rng.choice(("encode", "scramble", "transform", "convert", "mangle"))
+    major = rng.randint(0, 3)
+    versions = [f"{major}.{rng.randint(1, 4)}.{rng.randint(0, 9)}"]
+    if d > 1:  # a newer release that pip would pick by default: the task pins the older one
+        versions.append(f"{major}.{int(versions[0].split('.')[1]) + rng.randint(1, 3)}.{rng.randint(0, 9)}")
+    dep = word(rng, 2, 2) + "core" if d == 3 else None
+    params = {v: (rng.randint(1, 25), rng.choice("#@%+=~") + word(rng, 1, 1).upper()) for v in versions}
+    while d > 1 and params[versions[0]][0] == params[versions[1]][0]:
+        params[versions[1]] = (rng.randint(1, 25), params[versions[1]][1])
+    files = {}
+    for v in versions:
+        shift, mark = params[v]
+        fname, data = make_wheel(name, v, {f"{name}/__init__.py": _codec_source(name, v, func, shift, mark, dep)},
+                                 requires=(dep,) if dep else (), summary=f"{name}: a small line codec")
+        files[f"wheelhouse/{fname}"] = data
+    if dep:
+        dv = f"1.{rng.randint(0, 9)}.{rng.randint(0, 9)}"
+        src = ('"""Shared helpers."""\n\n\ndef rotate(ch, k):\n    if "a" <= ch <= "z":\n        return chr((ord(ch) - 97 + k) % 26 + 97)\n'
+               '    if "A" <= ch <= "Z":\n        return chr((ord(ch) - 65 + k) % 26 + 65)\n    return ch\n')
+        fname, data = make_wheel(dep, dv, {f"{dep}/__init__.py": src})
+        files[f"wheelhouse/{fname}"] = data
+    want = versions[0]
+    n = _pick(d, rng.randint(4, 7), rng.randint(10, 16), rng.randint(14, 20))
+    inputs = [" ".join(word(rng, 1, 3).capitalize() if rng.random() < 0.3 else word(rng, 1, 3) for _ in range(rng.randint(1, 4)))
+              + rng.choice(("", "", "!", f" {rng.randint(1, 99)}")) for _ in range(n)]
+    files["input.txt"] = lines(inputs)
+    shift, mark = params[want]
+    expect = lines(_codec(x, shift, mark) for x in inputs)
+    pin = f" version `{want}` of" if d > 1 else ""
+    instruction = (f"Install{pin} the Python package `{name}` from the local wheel directory `wheelhouse/` (there is no network) "
+                   f"into your user site-packages (`pip install --user`, which puts it under /work/.local). Then use its function "
+                   f"`{name}.{func}(text)` on every line of `input.txt` (without the line's newline) and write the results, "
+                   "one per line and in the same order, to `output.txt`.")
+    spec = f"{name}=={want}" if d > 1 else name
+    dists = [name] + ([dep] if dep else [])
+    probes = [rng.choice(inputs), "Az09 " + word(rng, 2, 2)]
+    code = _PROBE
+    for key, value in (("DISTS", dists), ("NAME", name), ("FUNC", func), ("PROBES", probes)):
+        code = code.replace(f"@{key}@", repr(value))
+    expect_probe = {dist: {"module_in_user_site": True, "dist_in_user_site": True, "version": want if dist == name else dv}
+                    for dist in dists}
+    expect_probe["probe"] = [_codec(x, shift, mark) for x in probes]
+    checks = [{"op": "text", "path": "output.txt", "expect": expect},
+              {"op": "python", "what": f"the installed package {name}", "code": code, "expect": expect_probe}]
+    ref = (run(f"python3 -m pip install --disable-pip-version-check --no-index --find-links wheelhouse --user {q(spec)}"),
+           run(f"python3 - <<'EOF' > output.txt\nimport {name}\nfor line in open('input.txt'):\n"
+               f"    print({name}.{func}(line.rstrip('\\n')))\nEOF"))
+    return Built(instruction, files, checks, ref)
+
+
+# ------------------------------------------------------------------ public API --
+
+def make_task(seed: int, difficulty: int = 1, subfamily: str | None = None) -> WorkspaceTask:
+    """The task for ``seed`` (its sub-family drawn from the seed unless given)."""
+    return build_task(FAMILY, VERSION, SUBFAMILIES, seed, difficulty, subfamily)
+
+
+def make_split(split: str, n: int, difficulty: int = 1, subfamilies: list[str] | None = None) -> list[WorkspaceTask]:
+    """``n`` tasks with seeds ``SPLIT_SEED_BASE[split] + i`` (train: 0, heldout: 1_000_000)."""
+    return split_tasks(make_task, SUBFAMILIES, split, n, difficulty, subfamilies)
