@@ -49,7 +49,8 @@ def projects() -> list[str]:
 def _project_files(name: str) -> dict[str, str]:
     root = REPOS / name
     return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".md", ".txt", ".cfg", ".toml")}
+            if p.is_file() and p.suffix in (".py", ".md", ".txt", ".cfg", ".toml")
+            and not any(part == "__pycache__" or part.startswith(".") for part in p.relative_to(root).parts)}
 
 
 def content_hash() -> str:
@@ -177,14 +178,38 @@ def distinct_tasks(split: str) -> int:
 
 
 # ---- catalog build (developers, when a project changes) ---------------------------------
-def build_catalog(log=print) -> dict:
-    """Run every candidate mutant's project suite; keep those that compile and fail some test."""
+def _failing_tests(files: dict[str, str], m: Mutant) -> list[str]:
+    """Run a project's suite with one mutant applied (in a temp copy); the ids of failing tests."""
     import os
-    import shutil
     import subprocess
     import sys
     import tempfile
     import xml.etree.ElementTree as ET
+
+    mutated = m.apply(files[m.path])
+    try:
+        compile(mutated, m.path, "exec")
+    except SyntaxError:
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rel, text in files.items():
+            Path(tmp, rel).parent.mkdir(parents=True, exist_ok=True)
+            Path(tmp, rel).write_text(mutated if rel == m.path else text)
+        report = Path(tmp, "report.xml")
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": tmp, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        try:  # a mutant that loops forever is not a usable bug: it would only test the timeout
+            subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", "tests"],
+                           cwd=tmp, capture_output=True, timeout=10, env=env)
+            cases = ET.parse(report).getroot().iter("testcase")
+        except (subprocess.TimeoutExpired, ET.ParseError, FileNotFoundError):
+            return []
+        return sorted(f"tests/{c.get('classname').split('.')[-1]}.py::{c.get('name')}" for c in cases
+                      if c.find("failure") is not None or c.find("error") is not None)
+
+
+def build_catalog(workers: int = 2, log=print) -> dict:
+    """Run every candidate mutant's project suite; keep those that compile and fail some test."""
+    from concurrent.futures import ThreadPoolExecutor
 
     from longhaul.envs.mutate import enumerate_mutants
 
@@ -193,38 +218,13 @@ def build_catalog(log=print) -> dict:
         files = _project_files(name)
         cands = [m for rel, text in files.items() if rel.endswith(".py") and not rel.startswith("tests/")
                  for m in enumerate_mutants(rel, text)]
-        log(f"{name}: {len(cands)} candidates")
-        with tempfile.TemporaryDirectory() as tmp:
-            for rel, text in files.items():
-                os.makedirs(os.path.dirname(os.path.join(tmp, rel)) or tmp, exist_ok=True)
-                Path(tmp, rel).write_text(text)
-            n_kept = 0
-            for m in cands:
-                mutated = m.apply(files[m.path])
-                try:
-                    compile(mutated, m.path, "exec")
-                except SyntaxError:
-                    continue
-                Path(tmp, m.path).write_text(mutated)
-                report = Path(tmp, "report.xml")
-                try:
-                    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                    f"--junitxml={report}", "tests"], cwd=tmp, capture_output=True, timeout=10,
-                                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": tmp})
-                    failing = []
-                    for case in ET.parse(report).getroot().iter("testcase"):
-                        if case.find("failure") is not None or case.find("error") is not None:
-                            failing.append(f"tests/{case.get('classname').split('.')[-1]}.py::{case.get('name')}")
-                except (subprocess.TimeoutExpired, ET.ParseError, FileNotFoundError):
-                    failing = []
-                finally:
-                    Path(tmp, m.path).write_text(files[m.path])
-                    shutil.rmtree(Path(tmp, "__pycache__"), ignore_errors=True)
-                if failing:
-                    mid = hashlib.sha256(json.dumps([name, m.to_dict()], sort_keys=True).encode()).hexdigest()[:16]
-                    kept.append({"id": mid, "project": name, "mutant": m.to_dict(), "failing": sorted(failing)})
-                    n_kept += 1
-            log(f"{name}: {n_kept} bugs kept")
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(lambda m: _failing_tests(files, m), cands))
+        for m, failing in zip(cands, results):
+            if failing:
+                mid = hashlib.sha256(json.dumps([name, m.to_dict()], sort_keys=True).encode()).hexdigest()[:16]
+                kept.append({"id": mid, "project": name, "mutant": m.to_dict(), "failing": failing})
+        log(f"{name}: {sum(e['project'] == name for e in kept)} bugs kept of {len(cands)} candidates")
     return {"version": VERSION, "content_hash": content_hash(), "mutants": kept}
 
 

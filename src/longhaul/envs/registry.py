@@ -87,7 +87,8 @@ class Family:
         h = hashlib.sha256(f"{self.name}\0{self.version}\0".encode())
         for p in sorted(str(s) for s in self.sources):
             path = Path(p)
-            files = sorted(q for q in path.rglob("*") if q.is_file() and "__pycache__" not in q.parts) if path.is_dir() else [path]
+            files = sorted(q for q in path.rglob("*") if q.is_file() and not any(
+                part == "__pycache__" or part.startswith(".") for part in q.relative_to(path).parts)) if path.is_dir() else [path]
             for f in files:
                 h.update(str(f.relative_to(path.parent)).encode() + b"\0" + f.read_bytes())
         return h.hexdigest()[:16]

@@ -27,7 +27,6 @@ import json
 import random
 import re
 import shlex
-import tarfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass

@@ -43,12 +43,14 @@ class EvalResult:
         out = {"label": self.label, "n": len(self.passed), "passed": sum(self.passed), "pass_rate": self.rate,
                "ci95": [lo, hi], "statuses": dict(st), "no_compile_rate": st.get("syntax", 0) / max(1, len(self.statuses)),
                "limit_rate": sum(st.get(k, 0) for k in LIMIT_STATUSES) / max(1, len(self.statuses)), "samples": self.samples}
-        if self.counts is not None:
+        counts = self.counts if self.counts is not None else [int(p) for p in self.passed]
+        if counts:
             for k in ks:
                 if k <= self.samples:
-                    per_task = [pass_at_k(self.samples, c, k) for c in self.counts]
+                    per_task = [pass_at_k(self.samples, c, k) for c in counts]
                     out[f"pass@{k}"] = sum(per_task) / len(per_task)
-                    out[f"pass@{k}_ci95"] = list(bootstrap_mean(per_task))
+                    # one sample a task: pass@1 is a proportion, and Wilson's interval is the right one
+                    out[f"pass@{k}_ci95"] = [lo, hi] if self.samples == 1 else list(bootstrap_mean(per_task))
         return out
 
     def save(self, path: Path) -> None:
