@@ -73,3 +73,27 @@ def test_eval_samples_reports_pass_at_k(tmp_path):
     assert 0 <= res["pass@1"] <= res["pass@4"] <= 1
     r = run_cli("eval", "--model", "tiny-llama", "--suite", "echo", "--samples", "0", cwd=tmp_path)
     assert r.returncode == 2 and "--samples must be >= 1" in r.stderr
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["envcheck", "nope"], "unknown task family 'nope'"),
+    (["envcheck", "echo", "--runs", "1"], "at least 2 runs"),
+    (["envcheck", "echo", "--n", "0"], "--n must be >= 1"),
+    (["envcheck", "no_such_mod:Fam"], "cannot import module"),
+    (["train", str(ROOT / "examples/tiny_grpo.yaml"), "task.family=bugfix"], "is multi-turn"),
+])
+def test_bad_envcheck_and_family_input(tmp_path, args, pattern):
+    _assert_clean_error(run_cli(*args, cwd=tmp_path), pattern, tmp_path)
+
+
+def test_envcheck_json_names_families_tasks_valid_flaky_failing(tmp_path):
+    import json
+
+    env_home = {**os.environ, "LONGHAUL_HOME": str(tmp_path / "home")}
+    r = subprocess.run([sys.executable, "-m", "longhaul.cli", "envcheck", "echo", "--n", "4", "--json"], cwd=tmp_path,
+                       capture_output=True, text=True, env={**env_home, "PYTHONPATH": str(ROOT / "src")}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert {"families", "tasks", "valid", "flaky", "failing"} <= set(out)
+    assert out["families"]["echo"]["status"] == "ok" and out["flaky"] == out["failing"] == []
+    assert (tmp_path / "home" / "envcheck" / "manifest.json").exists()

@@ -108,7 +108,7 @@ def envcheck(
 
     @contextmanager
     def bar(name, total):
-        with progress_bar(not json_out) as prog:
+        with progress_bar(True, stderr=json_out) as prog:
             t = prog.add_task(f"envcheck {name}", total=total, info="")
             yield lambda k: prog.advance(t, k)
 

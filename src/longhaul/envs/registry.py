@@ -82,6 +82,7 @@ class Family:
     stop: tuple = ()  # stop strings of an answer
     make_env: Callable | None = None  # workspace kind: task -> Env (default WorkspaceEnv)
     sources: list = field(default_factory=list)  # files whose content defines the family version
+    fixed_set: bool = False  # a fixed benchmark (HumanEval): envcheck always checks all of it
 
     def content_hash(self) -> str:
         h = hashlib.sha256(f"{self.name}\0{self.version}\0".encode())
@@ -101,7 +102,7 @@ _ANSWER = {
                       sources=[Path(funcgen.__file__)]),
     "humaneval": Family("humaneval", humaneval.VERSION, "answer", humaneval.make_split, (), (1,), ("heldout",),
                         score_many=partial(score_code, build=humaneval.program), reference_reply=lambda t: _fence(t.reference),
-                        null_reply=lambda t: _fence("    pass"), sources=[Path(humaneval.__file__)]),
+                        null_reply=lambda t: _fence("    pass"), sources=[Path(humaneval.__file__)], fixed_set=True),
     "echo": Family("echo", echo.VERSION, "answer", echo.make_split, (), (1, 2, 3), score_many=echo.score_many,
                    reference_reply=lambda t: t.target, sources=[Path(echo.__file__)]),
 }

@@ -51,8 +51,8 @@ def _subfamily(task, fam: Family) -> str:
 
 
 def tasks_for(fam: Family, n: int) -> list:
-    """Up to `n` tasks per split, spread over the family's difficulties."""
-    per = max(1, math.ceil(n / len(fam.difficulties)))
+    """Up to `n` tasks per split, spread over the family's difficulties; all of a fixed benchmark."""
+    per = 10**9 if fam.fixed_set else max(1, math.ceil(n / len(fam.difficulties)))
     out, seen = [], set()
     for split in fam.splits:
         for d in fam.difficulties:

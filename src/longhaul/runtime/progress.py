@@ -11,8 +11,10 @@ console = Console(stderr=False, highlight=False)
 
 
 @contextmanager
-def progress_bar(enabled: bool = True):
+def progress_bar(enabled: bool = True, stderr: bool = False):
+    """`stderr=True` keeps stdout clean for machine-readable output (`--json`)."""
     cols = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
-    with Progress(*cols, console=console, disable=not enabled, transient=False) as prog:
+    out = Console(stderr=True, highlight=False) if stderr else console
+    with Progress(*cols, console=out, disable=not enabled, transient=False) as prog:
         yield prog
