@@ -80,7 +80,7 @@ def test_eval_samples_reports_pass_at_k(tmp_path):
     (["envcheck", "echo", "--runs", "1"], "at least 2 runs"),
     (["envcheck", "echo", "--n", "0"], "--n must be >= 1"),
     (["envcheck", "no_such_mod:Fam"], "cannot import module"),
-    (["train", str(ROOT / "examples/tiny_grpo.yaml"), "task.family=bugfix"], "is multi-turn"),
+    (["train", str(ROOT / "examples/tiny_grpo.yaml"), "task.family=bugfix"], "has not been validated"),
 ])
 def test_bad_envcheck_and_family_input(tmp_path, args, pattern):
     _assert_clean_error(run_cli(*args, cwd=tmp_path), pattern, tmp_path)

@@ -38,3 +38,35 @@ class Trajectory:
     @property
     def completion_len(self) -> int:
         return sum(len(t.completion_ids) for t in self.turns)
+
+    def sequences(self) -> list["Sequence"]:
+        """One training sequence per segment: the segment's first prompt, then every later token
+        of the segment, model tokens with mask 1 and their behaviour log-probs, environment
+        tokens (observations, template glue) with mask 0. A single-turn trajectory is one
+        sequence equal to its turn."""
+        out: list[Sequence] = []
+        for k, turn in enumerate(self.turns):
+            if k == 0 or turn.segment != self.turns[k - 1].segment:
+                out.append(Sequence(list(turn.prompt_ids), [], [], [], turn.finish_reason))
+            else:
+                seq = out[-1]
+                glue = turn.prompt_ids[len(seq.prompt_ids) + len(seq.completion_ids):]
+                seq.completion_ids += glue
+                seq.loss_mask += [0] * len(glue)
+                seq.logprobs += [0.0] * len(glue)
+            seq = out[-1]
+            seq.completion_ids += turn.completion_ids
+            seq.loss_mask += list(turn.loss_mask)
+            seq.logprobs += list(turn.logprobs)
+            seq.finish_reason = turn.finish_reason
+        return out
+
+
+@dataclass
+class Sequence:
+    """What a trainer consumes: prompt ids, then completion ids with a loss mask."""
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]  # behaviour log-probs; 0 where loss_mask is 0
+    finish_reason: str = "stop"

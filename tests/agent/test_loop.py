@@ -132,3 +132,12 @@ def test_single_turn_families_run_through_the_same_loop(tok):
 def test_generation_record_defaults():
     g = Generation([1, 2], [-0.1, -0.2], "stop")
     assert g.version == 0
+
+
+def test_many_tasks_run_in_waves_and_keep_their_order_and_groups(tok):
+    tasks = [task(i) for i in range(5)]
+    scripts = {f"k{i}": (ORACLE if i % 2 == 0 else [format_call("submit")]) for i in range(5)}
+    trajs = run_episodes(ScriptedPolicy(tok, scripts), tok, lambda t: WorkspaceEnv(), tasks,
+                         AgentConfig(max_tokens=100_000, max_live=2), keys=list(scripts), groups=[9, 9, 8, 8, 7])
+    assert [t.reward for t in trajs] == [1.0, 0.0, 1.0, 0.0, 1.0] and [t.group for t in trajs] == [9, 9, 8, 8, 7]
+    assert [t.info["task_id"] for t in trajs] == [f"t/v1/{i}" for i in range(5)]

@@ -104,7 +104,7 @@ def test_training_refuses_missing_stale_and_failing_manifests(tmp_path, monkeypa
     man.write_text("{not json")
     with pytest.raises(LonghaulError, match="corrupt"):
         prepare(_cfg("wordtasks:Reverse"))
-    with pytest.raises(LonghaulError, match="multi-turn"):
+    with pytest.raises(LonghaulError, match="has not been validated"):
         prepare(_cfg("wordtasks:CountLines"))
 
 

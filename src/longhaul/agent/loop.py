@@ -83,6 +83,7 @@ class AgentConfig:
     stop: tuple[str, ...] = ("</tool_call>",)  # a reply ends after its first tool call
     prompt_mode: Literal["extend", "retokenize"] = "extend"
     workers: int = 4  # envs stepped in parallel
+    max_live: int = 64  # episodes (sandboxes) alive at once; more tasks run in waves
 
 
 @dataclass
@@ -161,6 +162,13 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
     `keys` name episodes for stateful policies (default "i:task_id"); `groups` sets Trajectory.group.
     """
     keys = keys or [f"{i}:{t.task_id}" for i, t in enumerate(tasks)]
+    if len(tasks) > cfg.max_live:
+        out = []
+        for s in range(0, len(tasks), cfg.max_live):
+            out += run_episodes(policy, tok, make_env, tasks[s:s + cfg.max_live], cfg, keys[s:s + cfg.max_live],
+                                groups[s:s + cfg.max_live] if groups else list(range(s, min(s + cfg.max_live, len(tasks)))),
+                                on_done)
+        return out
     episodes = [_Episode(k, t, make_env(t)) for k, t in zip(keys, tasks)]
     results: dict[int, Trajectory] = {}
     with ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:

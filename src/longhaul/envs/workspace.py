@@ -15,6 +15,7 @@ as `infra_error`, which trainers mask out instead of scoring as a failure.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field, replace
@@ -133,11 +134,13 @@ class WorkspaceEnv:
             if not r.ok:
                 raise SandboxError(f"setup of task {task.task_id} failed ({cmd!r}): {r.stderr.strip()[-300:]}")
         self.session = self.sb.open_session()
-        import json
+        return self.initial_messages(task), {"task_id": task.task_id, "family": task.family, "version": task.version}
 
-        system = SYSTEM_PROMPT.format(tools="\n".join(json.dumps(s) for s in self.tools()))
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": task.instruction}]
-        return messages, {"task_id": task.task_id, "family": task.family, "version": task.version}
+    @staticmethod
+    def initial_messages(task: WorkspaceTask) -> list[dict]:
+        """The system prompt (tools and call format) and the task's instruction."""
+        system = SYSTEM_PROMPT.format(tools="\n".join(json.dumps(s) for s in schemas()))
+        return [{"role": "system", "content": system}, {"role": "user", "content": task.instruction}]
 
     def step(self, message: dict | str) -> StepResult:
         calls = parse_message(message)

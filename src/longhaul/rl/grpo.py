@@ -66,22 +66,41 @@ class GRPOTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
 
     def _select(self, groups: list[list[Trajectory]]):
+        """Rewards, their group std, and the training sequences with their advantages.
+
+        A trajectory that ended in an infra error is neither scored nor trained on: its reward is
+        replaced by its group's mean of the others (the group mean stays put) and it is dropped. A
+        multi-turn trajectory contributes one sequence per segment, each with its advantage."""
+        infra = [[t.info.get("ended") == "infra_error" for t in g] for g in groups]
         rewards = torch.tensor([[t.reward for t in g] for g in groups], dtype=torch.float32)  # (G, N)
+        for i, flags in enumerate(infra):
+            ok = [r for r, bad in zip(rewards[i].tolist(), flags) if not bad]
+            for j, bad in enumerate(flags):
+                if bad:
+                    rewards[i, j] = sum(ok) / len(ok) if ok else 0.0
         if self.algo.overlong_buffer:
             lengths = torch.tensor([[t.completion_len for t in g] for g in groups])
             rewards = rewards + overlong_penalty(lengths, self.max_new_tokens, self.algo.overlong_buffer, self.algo.overlong_penalty)
         adv = self.advantage_fn(rewards)
         std = rewards.std(dim=1)
         keep = [i for i in range(len(groups)) if not (self.algo.drop_zero_std_groups and std[i] == 0)]
-        trajs, picked, sizes = [], [], []
+        seqs, picked, sizes = [], [], []
         for i in keep:
-            rows = [j for j, t in enumerate(groups[i]) if not (self.algo.mask_truncated and t.turns[0].finish_reason == "length")]
-            trajs += [groups[i][j] for j in rows]
-            picked += [adv[i, j] for j in rows]
-            if rows:
-                sizes.append(len(rows))
+            n = 0
+            for j, t in enumerate(groups[i]):
+                if infra[i][j] or not t.turns:
+                    continue
+                truncated = t.turns[-1].finish_reason == "length" or t.info.get("ended") == "truncated"
+                if self.algo.mask_truncated and truncated:
+                    continue
+                for s in t.sequences():
+                    seqs.append(s)
+                    picked.append(adv[i, j])
+                    n += 1
+            if n:
+                sizes.append(n)
         advs = torch.stack(picked) if picked else torch.zeros(0)
-        return rewards, std, trajs, advs, sizes
+        return rewards, std, seqs, advs, sizes
 
     def _units(self, pairs, sizes: list[int]) -> list[list[int]]:
         """Index lists for one forward/backward each. With `share_prompt`, a unit is (part of)
@@ -108,23 +127,24 @@ class GRPOTrainer:
     def step(self, groups: list[list[Trajectory]]) -> dict:
         """One optimizer step on a batch of prompt groups; returns TRL/verl-named metrics."""
         t0 = time.perf_counter()
-        rewards, std, trajs, advs, sizes = self._select(groups)
+        rewards, std, seqs, advs, sizes = self._select(groups)
         m = {
             "reward": rewards.mean().item(),
             "reward_std": std.mean().item(),
             "frac_reward_zero_std": (std == 0).float().mean().item(),
-            "num_trained_seqs": len(trajs),
+            "num_trained_seqs": len(seqs),
             "lr": self.scheduler.get_last_lr()[0],
         }
         zeros = {"kl": 0.0, "entropy": float("nan"), "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
                  "clip_ratio/region_mean": 0.0, "grad_norm": 0.0, "loss": 0.0, "logprob_gap": float("nan"),
                  "timing/ref": 0.0, "num_tokens": 0}
-        if not trajs:
+        if not seqs:
             self.scheduler.step()
             return {**m, **zeros, "timing/update_actor": time.perf_counter() - t0}
-        pairs = [(t.turns[0].prompt_ids, t.turns[0].completion_ids) for t in trajs]
-        behaviour = [t.turns[0].logprobs for t in trajs]
-        n_tok = float(sum(len(c) for _, c in pairs))
+        pairs = [(s.prompt_ids, s.completion_ids) for s in seqs]
+        behaviour = [s.logprobs for s in seqs]
+        env_masks = [s.loss_mask for s in seqs]  # 0 on tool/environment tokens of multi-turn sequences
+        n_tok = float(sum(sum(m) for m in env_masks))
         n_seq = float(len(pairs))
         max_len = max(len(c) for _, c in pairs)
         chunks = self._units(pairs, sizes)
@@ -140,6 +160,8 @@ class GRPOTrainer:
         sums = {"kl": 0.0, "entropy": 0.0, "low": 0.0, "high": 0.0, "loss": 0.0, "gap": 0.0}
         for k, idx in enumerate(chunks):
             logp, mask, ent = self._logprobs(self.policy, pairs, idx, with_entropy=True, entropy_grad=self.algo.entropy_coef > 0)
+            mask = mask * _padded([env_masks[i] for i in idx], mask)
+            ent = ent * mask
             old = logp.detach()  # single update per batch: the old policy is the current one
             beh = _padded([behaviour[i] for i in idx], old)  # the sampler's log-probs, (B, T)
             tok_loss, clip = self.loss_fn(logp, old, advs[idx], clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,

@@ -46,10 +46,7 @@ class Prepared:
 def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
     """Load and validate everything; touches nothing on disk except the model cache."""
     family = get_family(cfg.task.family)
-    if training and family.kind != "answer":
-        raise LonghaulError(f"task family {family.name!r} is multi-turn; `longhaul train` runs single-turn families for now "
-                            f"(funcgen, echo, or your own); evaluate it with `longhaul eval --suite {family.name}`")
-    excluded = require_checked(family) if cfg.task.require_envcheck else set()
+    excluded = require_checked(family) if cfg.task.require_envcheck and training else set()
     if cfg.task.reward:
         family = reward_family(family, cfg.task.reward)
     n_train = cfg.train.steps * cfg.rollout.prompts_per_step
@@ -62,8 +59,14 @@ def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
     context = cfg.model.context_length or policy.config.max_position_embeddings
     budget = max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens if heldout else 0)
     longest = max(train_tasks + heldout, key=lambda t: len(t.prompt))
-    n_prompt = len(encode_prompt(tok, longest.prompt))
-    if family.kind == "answer" and n_prompt + budget > context:
+    if family.kind == "answer":
+        n_prompt = len(encode_prompt(tok, longest.prompt))
+    else:
+        from longhaul.envs.workspace import WorkspaceEnv
+
+        text = tok.apply_chat_template(WorkspaceEnv.initial_messages(longest), tokenize=False, add_generation_prompt=True)
+        n_prompt = len(tok(text, add_special_tokens=False).input_ids)
+    if n_prompt + budget > context:
         raise LonghaulError(
             f"prompt of task {longest.task_id} is {n_prompt} tokens and {budget} new tokens are asked, over the model context "
             f"of {context}; lower rollout.max_new_tokens / eval.max_new_tokens or raise model.context_length"
@@ -115,12 +118,51 @@ def _step_metrics(groups, gen: dict, m: dict, step_time: float) -> dict:
         "completions/mean_length": sum(lens) / len(lens),
         "completions/min_length": min(lens),
         "completions/max_length": max(lens),
-        "completions/clipped_ratio": sum(t.turns[0].finish_reason == "length" for t in trajs) / len(trajs),
+        "completions/clipped_ratio": sum(bool(t.turns) and t.turns[-1].finish_reason == "length" for t in trajs) / len(trajs),
         "timing/gen": gen["timing/gen"],
         "timing/score": gen["timing/score"],
         "step_time": step_time,
         "tokens_per_s": (gen["gen_tokens"] + m["num_tokens"]) / step_time,
     }
+
+
+class _TimedPolicy:
+    """A policy that counts the seconds spent generating (the rest of a rollout is the envs')."""
+
+    def __init__(self, inner):
+        self.inner, self.seconds = inner, 0.0
+
+    def generate(self, prompts, sampling, keys=None):
+        t0 = time.perf_counter()
+        try:
+            return self.inner.generate(prompts, sampling, keys)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
+def _rollout(prep: Prepared, sampler, tasks, params: SamplingParams, seed: int, version: int):
+    """`group_size` trajectories per task: single replies for answer families, agent episodes
+    through the workspace env for multi-turn ones."""
+    cfg, family, tok = prep.cfg, prep.family, prep.tok
+    G = cfg.rollout.group_size
+    if family.kind == "answer":
+        return run_groups(sampler, tok, family, tasks, params, G, seed=seed, version=version,
+                          exec_timeout_s=cfg.rollout.exec_timeout_s, exec_workers=cfg.rollout.exec_workers)
+    from longhaul.agent.loop import AgentConfig, ModelPolicy, run_episodes
+    from longhaul.envs.workspace import WorkspaceEnv
+
+    policy = _TimedPolicy(ModelPolicy(sampler, tok, version=version, seed=seed))
+    agent = AgentConfig(max_turns=cfg.rollout.max_turns, max_new_tokens=cfg.rollout.max_new_tokens,
+                        max_tokens=cfg.model.context_length or sampler.config.max_position_embeddings,
+                        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, workers=2 * cfg.rollout.exec_workers)
+    flat = [t for t in tasks for _ in range(G)]
+    t0 = time.perf_counter()
+    trajs = run_episodes(policy, tok, family.make_env or (lambda t: WorkspaceEnv()), flat, agent,
+                         groups=[i // G for i in range(len(flat))])
+    total = time.perf_counter() - t0
+    groups = [trajs[i * G:(i + 1) * G] for i in range(len(tasks))]
+    return groups, {"timing/gen": policy.seconds, "timing/score": total - policy.seconds,
+                    "gen_tokens": sum(t.completion_len for t in trajs)}
 
 
 def run_training(cfg: RunConfig, resume: bool = False) -> dict:
@@ -163,9 +205,7 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         for step in range(start + 1, cfg.train.steps + 1):
             t0 = time.perf_counter()
             tasks = prep.train_tasks[(step - 1) * P: step * P]
-            groups, gen = run_groups(sampler, tok, family, tasks, params, cfg.rollout.group_size,
-                                     seed=cfg.seed * 1_000_003 + step, version=step - 1,
-                                     exec_timeout_s=cfg.rollout.exec_timeout_s, exec_workers=cfg.rollout.exec_workers)
+            groups, gen = _rollout(prep, sampler, tasks, params, seed=cfg.seed * 1_000_003 + step, version=step - 1)
             m = trainer.step(groups)
             if sampler is not policy:
                 sampler.load_state_dict(policy.state_dict())
