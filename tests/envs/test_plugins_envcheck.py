@@ -101,11 +101,11 @@ def test_training_refuses_missing_stale_and_failing_manifests(tmp_path, monkeypa
     man.write_text(json.dumps(data))
     with pytest.raises(LonghaulError, match="failed envcheck"):
         prepare(_cfg("wordtasks:Reverse"))
+    with pytest.raises(LonghaulError, match="has not been validated"):
+        prepare(_cfg("wordtasks:CountLines"))
     man.write_text("{not json")
     with pytest.raises(LonghaulError, match="corrupt"):
         prepare(_cfg("wordtasks:Reverse"))
-    with pytest.raises(LonghaulError, match="has not been validated"):
-        prepare(_cfg("wordtasks:CountLines"))
 
 
 def test_training_skips_tasks_envcheck_excluded(tmp_path, monkeypatch):
