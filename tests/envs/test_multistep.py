@@ -5,10 +5,7 @@ agent failing every sub-family at every difficulty through the real agent loop a
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -16,6 +13,7 @@ from longhaul.envs import multistep as ms
 from longhaul.envs import terminal as tm
 from longhaul.envs.tools import ToolCall, check_arguments, format_call
 from longhaul.envs.workspace import Action, WorkspaceTask
+from checker_helpers import check, materialize
 
 NAMES = sorted(ms.SUBFAMILIES)
 CASES = [(name, d) for name in NAMES for d in ms.DIFFICULTIES]
@@ -111,23 +109,6 @@ def test_bad_inputs_raise_value_error_naming_valid_choices():
 
 
 # ------------------------------------------------------------------ the checker, without a sandbox --
-
-def materialize(task: WorkspaceTask, root) -> None:
-    for path, data in task.files.items():
-        p = root / path
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data.encode() if isinstance(data, str) else data)
-    for path, data in task.hidden_files.items():
-        p = root / ".longhaul_hidden" / path
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(data)
-
-
-def check(root) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HOME": str(root), "PYTHONNOUSERSITE": "1"}
-    return subprocess.run([sys.executable, "-I", ".longhaul_hidden/check.py"], check=False, cwd=root, capture_output=True,
-                          text=True, env=env)
-
 
 @pytest.mark.parametrize("name", NAMES)
 def test_checker_rejects_the_start_state_and_placeholders(name, tmp_path):

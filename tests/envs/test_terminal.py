@@ -5,10 +5,7 @@ sub-family at every difficulty through the real agent loop and sandbox."""
 import hashlib
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tarfile
 import zipfile
 
@@ -17,6 +14,7 @@ import pytest
 from longhaul.envs import terminal as tm
 from longhaul.envs.tools import TOOLS, ToolCall, check_arguments, format_call
 from longhaul.envs.workspace import Action, WorkspaceTask
+from checker_helpers import check, materialize
 
 NAMES = sorted(tm.SUBFAMILIES)
 CASES = [(name, d) for name in NAMES for d in tm.DIFFICULTIES]
@@ -124,24 +122,6 @@ def test_wheels_are_deterministic_and_well_formed():
 
 
 # ------------------------------------------------------------------ the checker, without a sandbox --
-
-def materialize(task: WorkspaceTask, root) -> None:
-    """The task's starting files under ``root`` (nested files unpacked; other setup is not run)."""
-    for path, data in task.files.items():
-        p = root / path
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data.encode() if isinstance(data, str) else data)
-    for path, data in task.hidden_files.items():
-        p = root / ".longhaul_hidden" / path
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(data)
-
-
-def check(root) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HOME": str(root), "PYTHONNOUSERSITE": "1"}
-    return subprocess.run([sys.executable, "-I", ".longhaul_hidden/check.py"], check=False, cwd=root, capture_output=True,
-                          text=True, env=env)
-
 
 def placeholders(task: WorkspaceTask, root) -> None:
     """Empty or placeholder versions of every output the checks read."""
