@@ -53,6 +53,9 @@ def _project_files(name: str) -> dict[str, str]:
             and not any(part == "__pycache__" or part.startswith(".") for part in p.relative_to(root).parts)}
 
 
+_read_project = lru_cache(maxsize=None)(_project_files)  # tasks read a project once per process; never mutate
+
+
 def content_hash() -> str:
     h = hashlib.sha256()
     for name in projects():
@@ -71,7 +74,8 @@ def catalog() -> dict:
 SUBFAMILIES = tuple(projects())  # one sub-family per project
 
 
-def _split_entries(split: str, subfamilies) -> list[dict]:
+@lru_cache(maxsize=64)
+def _split_entries(split: str, subfamilies: tuple | None) -> list[dict]:
     entries = catalog()["mutants"]
     want = set(subfamilies) if subfamilies else None
     out = []
@@ -123,10 +127,11 @@ def make_task(seed: int, difficulty: int = 1, subfamily: str | None = None) -> W
     split = "heldout" if seed >= SPLIT_SEED_BASE["heldout"] else "train"
     _check(split, difficulty, [subfamily] if subfamily else None)
     rng = random.Random(f"{FAMILY}:{seed}")
-    entries = _split_entries(split, [subfamily] if subfamily else None)
+    entries = _split_entries(split, (subfamily,) if subfamily else None)
     e = entries[rng.randrange(len(entries))]
     m = Mutant(**e["mutant"])
-    files = {f"{k}": v for k, v in _project_files(e["project"]).items()}
+    project = _read_project(e["project"])
+    files = dict(project)
     fixed = files[m.path]
     files[m.path] = m.apply(fixed)
     failing = e["failing"]  # "tests/test_x.py::test_name"
@@ -142,7 +147,7 @@ def make_task(seed: int, difficulty: int = 1, subfamily: str | None = None) -> W
         hidden[rel] = original
         if rel in by_file:
             files[rel] = _without(original, by_file[rel])
-    src = _project_files(e["project"])[shown_file]
+    src = project[shown_file]
     a, b = _test_functions(src)[shown_name]
     body = "".join(src.splitlines(keepends=True)[a - 1:b])
     files["tests/test_issue.py"] = _header(src) + "\n\n" + body

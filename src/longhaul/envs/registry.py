@@ -17,7 +17,7 @@ import ast
 import hashlib
 import importlib
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -199,5 +199,4 @@ def reward_family(base: Family, spec: str) -> Family:
         return [Score(float(v), float(v) >= 1.0, "pass" if float(v) >= 1.0 else "fail") for v in values]
 
     src = inspect.getsourcefile(fn)
-    return Family(base.name, base.version, "answer", base.make_split, base.subfamilies, base.difficulties, base.splits,
-                  score_many, base.reference_reply, base.null_reply, base.stop, None, base.sources + ([Path(src)] if src else []))
+    return replace(base, score_many=score_many, sources=base.sources + ([Path(src)] if src else []))

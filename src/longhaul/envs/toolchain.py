@@ -17,13 +17,10 @@ from importlib import metadata
 from pathlib import Path
 
 from longhaul.errors import LonghaulError
+from longhaul.models.loader import cache_home
 
 DISTS = ("pytest", "pluggy", "iniconfig", "packaging", "ruff")
 MOUNT = "/opt/longhaul"
-
-
-def _home() -> Path:
-    return Path(os.environ.get("LONGHAUL_HOME", Path.home() / ".cache" / "longhaul"))
 
 
 def _dist(name: str):
@@ -37,7 +34,7 @@ def toolchain_dir() -> Path:
     """The toolchain directory for the installed versions, built on first use (atomically)."""
     dists = [_dist(n) for n in DISTS]
     key = hashlib.sha256(" ".join(f"{d.metadata['Name']}=={d.version}" for d in dists).encode()).hexdigest()[:12]
-    final = _home() / "toolchain" / key
+    final = cache_home() / "toolchain" / key
     if (final / "ok").exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)

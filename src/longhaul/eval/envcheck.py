@@ -29,14 +29,14 @@ from typing import Callable
 
 from longhaul.envs.registry import Family, families, get_family
 from longhaul.errors import LonghaulError
+from longhaul.models.loader import cache_home
 
 MIN_VALID_FRACTION = 0.95  # a family with fewer valid tasks than this is failing as a whole
 EPISODE_LIMIT_S = 120.0  # one oracle or null episode, reset to verify
 
 
 def manifest_path() -> Path:
-    home = Path(os.environ.get("LONGHAUL_HOME", Path.home() / ".cache" / "longhaul"))
-    return home / "envcheck" / "manifest.json"
+    return cache_home() / "envcheck" / "manifest.json"
 
 
 def _digest(task) -> str:
@@ -111,11 +111,8 @@ def _workspace_runs(fam: Family, tasks: list, runs: int, progress, workers: int)
     return ref, null, wall
 
 
-def check_family(fam: Family, n: int, runs: int = 2, workers: int = 4, progress: Callable[[float], None] = lambda k: None) -> dict:
-    """Check up to `n` tasks per split of one family; return its manifest entry."""
-    if runs < 2:
-        raise LonghaulError(f"envcheck needs at least 2 runs per task to detect flaky tasks, got --runs {runs}")
-    tasks = tasks_for(fam, n)
+def check_family(fam: Family, tasks: list, runs: int = 2, workers: int = 4, progress: Callable[[float], None] = lambda k: None) -> dict:
+    """Check `tasks` of one family (see `tasks_for`) `runs` times each; return its manifest entry."""
     if fam.kind == "answer":
         if fam.reference_reply is None:
             raise LonghaulError(f"family {fam.name!r} has no reference_reply; envcheck cannot validate it")
@@ -182,11 +179,12 @@ def run_envcheck(names: list[str] | None, n: int, runs: int = 2, workers: int = 
     data = load_manifest(manifest)
     entries = {}
     for fam in fams:
+        tasks = tasks_for(fam, n)
         if progress_factory:
-            with progress_factory(fam.name, len(tasks_for(fam, n))) as advance:
-                entry = check_family(fam, n, runs, workers, advance)
+            with progress_factory(fam.name, len(tasks)) as advance:
+                entry = check_family(fam, tasks, runs, workers, advance)
         else:
-            entry = check_family(fam, n, runs, workers)
+            entry = check_family(fam, tasks, runs, workers)
         entries[fam.name] = entry
         data["families"][fam.name] = entry
     path = save_manifest(data, manifest)

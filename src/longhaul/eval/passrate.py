@@ -10,10 +10,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from longhaul.agent.single_turn import run_groups
+from longhaul.agent.rollout import rollout_groups
 from longhaul.eval.stats import bootstrap_mean, mcnemar_exact, paired_bootstrap, pass_at_k, wilson
 from longhaul.inference import SamplingParams
-from longhaul.types import Trajectory
 
 
 LIMIT_STATUSES = ("timeout", "limit", "truncated")  # ran out of time, memory, turns or context
@@ -64,42 +63,21 @@ class EvalResult:
         return cls(d["label"], d["task_ids"], d["passed"], d["statuses"], d.get("counts"), d.get("samples", 1))
 
 
-def rollout_groups(model, tok, family, tasks, samples: int, temperature: float, max_new_tokens: int, seed: int,
-                   exec_timeout_s: float = 5.0, exec_workers: int = 2, batch_size: int = 32, max_turns: int = 10,
-                   max_tokens: int | None = None) -> list[list[Trajectory]]:
-    """`samples` trajectories per task: one reply each for answer families, an agent episode each
-    (through the real loop and sandbox) for workspace families."""
-    if family.kind == "answer":
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, stop=family.stop,
-                                batch_size=max(batch_size, samples))
-        groups, _ = run_groups(model, tok, family, tasks, params, samples, seed=seed, version=0,
-                               exec_timeout_s=exec_timeout_s, exec_workers=exec_workers)
-        return groups
-    from longhaul.agent.loop import AgentConfig, ModelPolicy, run_episodes
-    from longhaul.envs.workspace import WorkspaceEnv
-
-    cfg = AgentConfig(max_turns=max_turns, max_tokens=max_tokens or model.config.max_position_embeddings,
-                      max_new_tokens=max_new_tokens, temperature=temperature, workers=exec_workers)
-    flat = [t for t in tasks for _ in range(samples)]
-    trajs = run_episodes(ModelPolicy(model, tok, seed=seed), tok, family.make_env or (lambda t: WorkspaceEnv()), flat, cfg,
-                         groups=[i // samples for i in range(len(flat))])
-    for t in trajs:
-        if t.info["ended"] == "truncated" and not t.info["passed"]:
-            t.info["status"] = "truncated"
-    return [trajs[i * samples:(i + 1) * samples] for i in range(len(tasks))]
-
-
 def evaluate(model, tok, family, tasks, label: str, max_new_tokens: int, batch_size: int = 32,
              exec_timeout_s: float = 5.0, exec_workers: int = 2, on_batch: Callable[[int], None] | None = None,
              samples: int = 1, temperature: float = 0.8, seed: int = 0, max_turns: int = 10) -> EvalResult:
     """Greedy (samples == 1) or `samples` draws at `temperature` per task, for pass@k."""
     temp = 0.0 if samples == 1 else temperature
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temp, stop=family.stop, batch_size=max(batch_size, samples))
     per_call = max(1, batch_size // samples)
     passed, statuses, counts = [], [], []
     for start in range(0, len(tasks), per_call):
         chunk = tasks[start:start + per_call]
-        groups = rollout_groups(model, tok, family, chunk, samples, temp, max_new_tokens, seed + start, exec_timeout_s,
-                                exec_workers, batch_size, max_turns)
+        groups, _ = rollout_groups(model, tok, family, chunk, samples, params, seed + start, max_turns=max_turns,
+                                   exec_timeout_s=exec_timeout_s, exec_workers=exec_workers)
+        for t in (t for g in groups for t in g):
+            if t.info["ended"] == "truncated" and not t.info["passed"]:
+                t.info["status"] = "truncated"  # ran out of turns or context: a limit, not a wrong answer
         passed += [g[0].info["passed"] for g in groups]
         statuses += [t.info["status"] for g in groups for t in g]
         counts += [sum(t.info["passed"] for t in g) for g in groups]

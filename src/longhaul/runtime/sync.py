@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from longhaul.agent.single_turn import encode_prompt, run_groups
+from longhaul.agent.rollout import rollout_groups
+from longhaul.agent.single_turn import encode_prompt
 from longhaul.config import RunConfig, dump_config
 from longhaul.envs import get_family
 from longhaul.envs.registry import reward_family
@@ -126,45 +127,6 @@ def _step_metrics(groups, gen: dict, m: dict, step_time: float) -> dict:
     }
 
 
-class _TimedPolicy:
-    """A policy that counts the seconds spent generating (the rest of a rollout is the envs')."""
-
-    def __init__(self, inner):
-        self.inner, self.seconds = inner, 0.0
-
-    def generate(self, prompts, sampling, keys=None):
-        t0 = time.perf_counter()
-        try:
-            return self.inner.generate(prompts, sampling, keys)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-
-def _rollout(prep: Prepared, sampler, tasks, params: SamplingParams, seed: int, version: int):
-    """`group_size` trajectories per task: single replies for answer families, agent episodes
-    through the workspace env for multi-turn ones."""
-    cfg, family, tok = prep.cfg, prep.family, prep.tok
-    G = cfg.rollout.group_size
-    if family.kind == "answer":
-        return run_groups(sampler, tok, family, tasks, params, G, seed=seed, version=version,
-                          exec_timeout_s=cfg.rollout.exec_timeout_s, exec_workers=cfg.rollout.exec_workers)
-    from longhaul.agent.loop import AgentConfig, ModelPolicy, run_episodes
-    from longhaul.envs.workspace import WorkspaceEnv
-
-    policy = _TimedPolicy(ModelPolicy(sampler, tok, version=version, seed=seed))
-    agent = AgentConfig(max_turns=cfg.rollout.max_turns, max_new_tokens=cfg.rollout.max_new_tokens,
-                        max_tokens=cfg.model.context_length or sampler.config.max_position_embeddings,
-                        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, workers=2 * cfg.rollout.exec_workers)
-    flat = [t for t in tasks for _ in range(G)]
-    t0 = time.perf_counter()
-    trajs = run_episodes(policy, tok, family.make_env or (lambda t: WorkspaceEnv()), flat, agent,
-                         groups=[i // G for i in range(len(flat))])
-    total = time.perf_counter() - t0
-    groups = [trajs[i * G:(i + 1) * G] for i in range(len(tasks))]
-    return groups, {"timing/gen": policy.seconds, "timing/score": total - policy.seconds,
-                    "gen_tokens": sum(t.completion_len for t in trajs)}
-
-
 def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -198,14 +160,17 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         base_model = (lambda: sampler) if ckpt is None else (lambda: frozen_copy(load_policy(cfg.model.name)[0], dtype))
         base = evaluate_heldout(prep, base_model, "base", run_dir / "eval_base.json")
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                            top_p=cfg.rollout.top_p, stop=getattr(family, "stop", ()), batch_size=64)
+                            top_p=cfg.rollout.top_p, stop=family.stop, batch_size=64)
     P = cfg.rollout.prompts_per_step
     with progress_bar(cfg.log.progress) as prog:
         bar = prog.add_task("train", total=cfg.train.steps, completed=start, info="")
         for step in range(start + 1, cfg.train.steps + 1):
             t0 = time.perf_counter()
             tasks = prep.train_tasks[(step - 1) * P: step * P]
-            groups, gen = _rollout(prep, sampler, tasks, params, seed=cfg.seed * 1_000_003 + step, version=step - 1)
+            groups, gen = rollout_groups(sampler, tok, family, tasks, cfg.rollout.group_size, params,
+                                         seed=cfg.seed * 1_000_003 + step, version=step - 1, max_turns=cfg.rollout.max_turns,
+                                         max_tokens=cfg.model.context_length, exec_timeout_s=cfg.rollout.exec_timeout_s,
+                                         exec_workers=cfg.rollout.exec_workers)
             m = trainer.step(groups)
             if sampler is not policy:
                 sampler.load_state_dict(policy.state_dict())

@@ -1,0 +1,53 @@
+"""Trajectories for a batch of tasks, whatever the family's kind: the one rollout call that
+training and evaluation share.
+
+Answer families sample one reply per trajectory (`single_turn.run_groups`); workspace families
+run one agent episode per trajectory through the loop and the sandbox (`loop.run_episodes`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from longhaul.agent.loop import AgentConfig, ModelPolicy, run_episodes
+from longhaul.agent.single_turn import run_groups
+from longhaul.inference import SamplingParams
+from longhaul.types import Trajectory
+
+
+class TimedPolicy:
+    """A policy that counts the seconds spent generating (the rest of a rollout is the envs')."""
+
+    def __init__(self, inner):
+        self.inner, self.seconds = inner, 0.0
+
+    def generate(self, prompts, sampling, keys=None):
+        t0 = time.perf_counter()
+        try:
+            return self.inner.generate(prompts, sampling, keys)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
+def rollout_groups(model, tok, family, tasks, group_size: int, params: SamplingParams, seed: int, version: int = 0,
+                   max_turns: int = 8, max_tokens: int | None = None, exec_timeout_s: float = 5.0,
+                   exec_workers: int = 2) -> tuple[list[list[Trajectory]], dict]:
+    """`group_size` trajectories per task, grouped by task, and timings (`timing/gen`,
+    `timing/score`, `gen_tokens`). `params` sets the per-reply budget and sampling."""
+    if family.kind == "answer":
+        return run_groups(model, tok, family, tasks, params, group_size, seed=seed, version=version,
+                          exec_timeout_s=exec_timeout_s, exec_workers=exec_workers)
+    from longhaul.envs.workspace import WorkspaceEnv
+
+    policy = TimedPolicy(ModelPolicy(model, tok, version=version, seed=seed))
+    agent = AgentConfig(max_turns=max_turns, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                        top_p=params.top_p, max_tokens=max_tokens or model.config.max_position_embeddings,
+                        workers=2 * exec_workers)
+    flat = [t for t in tasks for _ in range(group_size)]
+    t0 = time.perf_counter()
+    trajs = run_episodes(policy, tok, family.make_env or (lambda t: WorkspaceEnv()), flat, agent,
+                         groups=[i // group_size for i in range(len(flat))])
+    total = time.perf_counter() - t0
+    groups = [trajs[i * group_size:(i + 1) * group_size] for i in range(len(tasks))]
+    return groups, {"timing/gen": policy.seconds, "timing/score": total - policy.seconds,
+                    "gen_tokens": sum(t.completion_len for t in trajs)}
