@@ -45,9 +45,20 @@ class RolloutConfig(Section):
     max_turns: int = Field(8, ge=1)  # assistant replies per episode of a multi-turn (workspace) family
 
 
+class DataConfig(Section):
+    """A dataset for the offline trainers (sft, dpo, rm, distill)."""
+    path: str | None = None  # a JSONL file, a directory written by `datasets.save_to_disk`, or a .parquet/.json file
+    split: str = "train"  # split to read from a saved DatasetDict
+    heldout_fraction: float = Field(0.1, ge=0, lt=1)  # rows kept out of training for the before/after evaluation
+    batch_size: int = Field(8, ge=1)  # rows per optimizer step (micro-batched by train.micro_batch)
+    max_length: int = Field(1024, ge=8)  # rows longer than this many tokens are truncated from the right
+    packing: bool = False  # SFT: pack rows into max_length with attention kept inside each row
+    shuffle: bool = True
+
+
 class AlgoConfig(Section):
-    name: Literal["grpo"] = "grpo"
-    advantage: str = "grpo"  # registered estimator name (longhaul.rl.advantages)
+    name: Literal["grpo", "ppo", "sft", "dpo", "rm", "distill", "onpolicy_distill"] = "grpo"
+    advantage: str = "grpo"  # registered estimator name (longhaul.rl.advantages); PPO always uses gae
     loss: str = "ppo_clip"  # registered policy loss name (longhaul.rl.losses)
     clip_low: float = Field(0.2, ge=0)
     clip_high: float = Field(0.28, ge=0)  # DAPO clip-higher keeps exploration alive
@@ -63,6 +74,25 @@ class AlgoConfig(Section):
     mask_truncated: bool = False  # DAPO: samples cut at max_new_tokens get no loss (they still shape the group baseline)
     kl_warn: float = Field(1.0, gt=0)  # warn when the mean KL to the reference exceeds this
     entropy_warn: float = Field(0.01, ge=0)  # warn when the mean token entropy falls below this (collapse)
+    kl_penalty: Literal["loss", "reward"] = "loss"  # KL as a loss term, or folded into the token rewards (PPO's form)
+    kl_target: float | None = Field(None, gt=0)  # adaptive KL coefficient tracking this KL (Ziegler et al.); None: fixed
+    # PPO (actor and critic)
+    gamma: float = Field(1.0, ge=0, le=1)
+    lam: float = Field(0.95, ge=0, le=1)
+    value_clip: float = Field(0.2, gt=0)
+    vf_coef: float = Field(0.5, gt=0)
+    critic_lr: float = Field(1e-5, gt=0)
+    ppo_epochs: int = Field(1, ge=1)  # passes over each rollout batch
+    mini_batches: int = Field(1, ge=1)  # optimizer steps per pass
+    whiten_advantages: bool = True
+    # DPO
+    beta: float = Field(0.1, gt=0)
+    dpo_loss: str = "sigmoid"  # registered name (longhaul.rl.dpo): sigmoid, ipo
+    # distillation (offline on teacher logits, or on-policy: the student samples, the teacher scores)
+    teacher: str | None = None  # a model name, HF directory or .gguf, with the student's tokenizer
+    distill_loss: str = "forward_kl"  # registered name (longhaul.rl.distill): forward_kl, reverse_kl, jsd
+    distill_temperature: float = Field(1.0, gt=0)
+    jsd_beta: float = Field(0.5, gt=0, lt=1)
 
 
 class TrainConfig(Section):
@@ -106,6 +136,7 @@ class RunConfig(Section):
     algo: AlgoConfig = AlgoConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
+    data: DataConfig = DataConfig()
     log: LogConfig = LogConfig()
 
     @property

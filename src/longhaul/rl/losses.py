@@ -1,7 +1,7 @@
 """Policy losses, KL estimators and loss aggregation: pure tensor functions.
 
 Shapes: `logp`, `old_logp`, `ref_logp`, `mask` are (B, T) over completion tokens;
-`adv` is (B,) one scalar per sequence. Per-token losses come back as (B, T) and are
+`adv` is (B,) one scalar per sequence, or (B, T) one per token (GAE, turn-level). Per-token losses come back as (B, T) and are
 reduced by `aggregate`, whose normalisers come from the *whole* batch so that gradient
 accumulation over micro-batches gives exactly the full-batch update.
 """
@@ -16,13 +16,18 @@ POLICY_LOSSES = Registry("policy loss")
 KL_ESTIMATORS = Registry("KL estimator")
 
 
+def _per_token(adv, like):
+    """Sequence advantages (B,) broadcast over tokens, or per-token advantages (B, T) as they are."""
+    return (adv[:, None] if adv.dim() == 1 else adv).expand_as(like)
+
+
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip(logp, old_logp, adv, clip_low: float = 0.2, clip_high: float = 0.2, mask=None, **_):
     """PPO clipped surrogate with separate low/high epsilons (DAPO clip-higher).
 
     Returns (per-token loss (B, T), dict of (B, T) boolean masks: clipped low/high)."""
     ratio = torch.exp(logp - old_logp)
-    a = adv[:, None]
+    a = _per_token(adv, logp)
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * a
     loss = -torch.minimum(unclipped, clipped)
@@ -72,7 +77,7 @@ def dual_clip(logp, old_logp, adv, clip_low: float = 0.2, clip_high: float = 0.2
     """PPO with dual clipping (Ye et al. 2020): for negative advantages the loss is also
     bounded by -c * A, so a huge ratio cannot blow up the update."""
     loss, info = ppo_clip(logp, old_logp, adv, clip_low, clip_high)
-    a = adv[:, None].expand_as(loss)
+    a = _per_token(adv, loss)
     bounded = torch.minimum(loss, -clip_c * a)
     out = torch.where(a < 0, bounded, loss)
     with torch.no_grad():
@@ -90,7 +95,7 @@ def gspo(logp, old_logp, adv, clip_low: float = 3e-4, clip_high: float = 4e-4, m
     n = mask.sum(-1).clamp(min=1)
     log_s = ((logp - old_logp) * mask).sum(-1) / n  # (B,)
     s_tok = torch.exp(log_s.detach()[:, None] + logp - logp.detach())  # (B, T), value = s_i
-    a = adv[:, None]
+    a = _per_token(adv, logp)
     loss = -torch.minimum(s_tok * a, torch.clamp(s_tok, 1 - clip_low, 1 + clip_high) * a)
     with torch.no_grad():
         s = torch.exp(log_s)[:, None].expand_as(loss)
