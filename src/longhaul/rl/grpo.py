@@ -19,7 +19,7 @@ import torch
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.rl.advantages import ADVANTAGES
 from longhaul.rl.logprobs import completion_logprobs, shared_prompt_logprobs
-from longhaul.errors import LonghaulError
+from longhaul.rl.optim import clip_and_step, make_optimizer
 from longhaul.rl.losses import KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_bonus, overlong_penalty, truncated_is_weight
 from longhaul.types import Trajectory
 
@@ -51,12 +51,7 @@ class GRPOTrainer:
         self.kl_fn = KL_ESTIMATORS.get_fn(algo.kl_estimator)
         # With kl_coef 0 no reference model is built at all (saves its memory and forward).
         self.ref = frozen_copy(policy) if algo.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW(
-            [p for p in policy.parameters() if p.requires_grad], lr=train.lr, betas=(0.9, 0.99), eps=1e-8,
-            weight_decay=train.weight_decay, foreach=False,
-        )
-        warm = train.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+        self.optimizer, self.scheduler = make_optimizer(policy.parameters(), train)
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
@@ -182,18 +177,11 @@ class GRPOTrainer:
             sums["low"] += (clip["low"] * mask).sum().item()
             sums["high"] += (clip["high"] * mask).sum().item()
             sums["gap"] += ((old - beh).abs() * mask).sum().item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.train_cfg.grad_clip)
-        if not torch.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise LonghaulError(f"training produced a non-finite gradient (loss {sums['loss']:.4g}); the weights were not "
-                                f"updated and the last checkpoint is intact; lower train.lr or check the rewards, then --resume")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        grad_norm = clip_and_step(self.policy.parameters(), self.optimizer, self.scheduler, self.train_cfg.grad_clip, sums["loss"])
         m.update({
             "kl": sums["kl"] / n_tok, "entropy": sums["entropy"] / n_tok, "loss": sums["loss"],
             "clip_ratio/low_mean": sums["low"] / n_tok, "clip_ratio/high_mean": sums["high"] / n_tok,
-            "clip_ratio/region_mean": (sums["low"] + sums["high"]) / n_tok, "grad_norm": grad_norm.item(),
+            "clip_ratio/region_mean": (sums["low"] + sums["high"]) / n_tok, "grad_norm": grad_norm,
             "logprob_gap": sums["gap"] / n_tok, "timing/ref": t_ref, "num_tokens": int(n_tok),
             "timing/update_actor": time.perf_counter() - t0 - t_ref,
         })

@@ -1,0 +1,37 @@
+"""The optimizer and learning-rate schedule every trainer uses, and the one gradient step.
+
+AdamW on fp32 master weights over the trainable parameters only (LoRA adapters when LoRA is
+on), linear warm-up, then constant. `clip_and_step` clips the global gradient norm and refuses
+to apply a non-finite gradient, so a NaN never reaches the weights or a checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from longhaul.errors import LonghaulError
+
+
+def make_optimizer(params, train, lr: float | None = None):
+    """(optimizer, scheduler) for `params` from a TrainConfig; `lr` overrides train.lr (e.g. the critic's)."""
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise LonghaulError("the model has no trainable parameters; check train.lora_* or the model loader")
+    opt = torch.optim.AdamW(params, lr=lr if lr is not None else train.lr, betas=(0.9, 0.99), eps=1e-8,
+                            weight_decay=train.weight_decay, foreach=False)
+    warm = train.warmup_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    return opt, sched
+
+
+def clip_and_step(params, optimizer, scheduler, max_norm: float, loss_value: float = float("nan")) -> float:
+    """Clip, check, step, zero. Returns the pre-clip gradient norm; raises on a non-finite one."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(list(params), max_norm)
+    if not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise LonghaulError(f"training produced a non-finite gradient (loss {loss_value:.4g}); the weights were not "
+                            f"updated and the last checkpoint is intact; lower train.lr or check the data/rewards, then --resume")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return grad_norm.item()
