@@ -26,6 +26,7 @@ class Turn:
     loss_mask: list[int]  # 1 on model tokens, 0 on tool/environment tokens
     finish_reason: str = "stop"  # "stop" or "length"
     segment: int = 0  # turns of one segment extend each other's prompt exactly; a new one starts where not
+    reward: float = 0.0  # the environment's reward for this turn (StepResult.reward); the outcome is Trajectory.reward
 
 
 @dataclass
@@ -47,17 +48,19 @@ class Trajectory:
         out: list[Sequence] = []
         for k, turn in enumerate(self.turns):
             if k == 0 or turn.segment != self.turns[k - 1].segment:
-                out.append(Sequence(list(turn.prompt_ids), [], [], [], turn.finish_reason))
+                out.append(Sequence(list(turn.prompt_ids), [], [], [], turn.finish_reason, []))
             else:
                 seq = out[-1]
                 glue = turn.prompt_ids[len(seq.prompt_ids) + len(seq.completion_ids):]
                 seq.completion_ids += glue
                 seq.loss_mask += [0] * len(glue)
                 seq.logprobs += [0.0] * len(glue)
+                seq.turn_index += [k] * len(glue)
             seq = out[-1]
             seq.completion_ids += turn.completion_ids
             seq.loss_mask += list(turn.loss_mask)
             seq.logprobs += list(turn.logprobs)
+            seq.turn_index += [k] * len(turn.completion_ids)
             seq.finish_reason = turn.finish_reason
         return out
 
@@ -70,3 +73,4 @@ class Sequence:
     loss_mask: list[int]
     logprobs: list[float]  # behaviour log-probs; 0 where loss_mask is 0
     finish_reason: str = "stop"
+    turn_index: list[int] = field(default_factory=list)  # the trajectory turn each completion token belongs to

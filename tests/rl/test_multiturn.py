@@ -76,6 +76,26 @@ def test_infra_errors_move_no_baseline_and_are_not_trained_on():
         assert torch.allclose(p1[n], p2[n], atol=1e-6), f"{n}: {(p1[n] - p2[n]).abs().max()}"
 
 
+def test_turn_level_advantages_reach_each_turns_tokens():
+    """Per-turn rewards: the first turn of episodes 0 and 1 earned 0.5; the tokens of each turn
+    must carry that turn's leave-one-out advantage, not the episode's."""
+    base, tok = load_policy("tiny-llama")
+    multi, _ = _groups(tok)
+    for t, r1 in zip(multi[0], [0.5, 0.5, 0.0, 0.0]):
+        t.turns[0].reward = r1
+    trainer = GRPOTrainer(base, tok.pad_token_id, AlgoConfig(kl_coef=0.0, advantage="turn_level"), TrainConfig(autocast="none"))
+    rewards, _, seqs, advs, _ = trainer._select(multi)
+    outcome = [1.0, 0.0, 0.0, 1.0]
+    first = [r1 + o for r1, o in zip([0.5, 0.5, 0.0, 0.0], outcome)]  # return-to-go from turn 0
+    for j, (s, a) in enumerate(zip(seqs, advs)):
+        want0 = first[j] - (sum(first) - first[j]) / 3
+        want1 = outcome[j] - (sum(outcome) - outcome[j]) / 3
+        n0 = len(multi[0][j].turns[0].completion_ids)
+        assert a[:n0] == pytest.approx([want0] * n0) and a[-1] == pytest.approx(want1)
+    m = trainer.step(multi)
+    assert m["num_trained_seqs"] == 4 and m["grad_norm"] > 0
+
+
 def test_training_runs_on_a_multi_turn_family_end_to_end(tmp_path, monkeypatch):
     from pathlib import Path
 

@@ -212,6 +212,7 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
                 except Exception as e:
                     ep.ended, ep.info["infra_error"] = "infra_error", f"step: {type(e).__name__}: {e}"
                     return
+                ep.turns[-1].reward = float(res.reward)
                 ep.tool_calls += res.info.get("tool_calls", 0)
                 if res.info.get("infra_error"):
                     ep.ended, ep.info["infra_error"] = "infra_error", res.info["infra_error"]

@@ -60,3 +60,39 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
 
 
 ADVANTAGES["gae"] = gae
+
+
+def turn_level(turn_rewards: torch.Tensor, turn_mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Turn-level advantages for multi-turn episodes of different lengths.
+
+    turn_rewards, turn_mask: (G, N, K): G groups of N episodes, up to K turns; the episode's
+    outcome reward is added to its last turn's reward by the caller; mask 1 where the episode
+    has that turn. The advantage of turn k is its discounted return-to-go minus a leave-one-out
+    baseline: the mean return-to-go at the same turn index over the *other* episodes of the
+    group that reached turn k (or, when none did, the mean full return of the others).
+
+    Why unbiased: the baseline of episode n is built only from the other, independently sampled
+    episodes, so it cannot depend on n's actions, and E[grad log pi * baseline] = 0 however many
+    turns each episode has. (A group-mean baseline that includes n itself, or one pooled over all
+    turns of all episodes, correlates with n's own return and biases long episodes.)
+    Returns (G, N, K), 0 where the mask is 0."""
+    G, N, K = turn_rewards.shape
+    if N < 2:
+        raise ValueError("turn-level advantages need at least 2 episodes per group for a leave-one-out baseline")
+    r = turn_rewards * turn_mask
+    ret = torch.zeros_like(r)
+    running = torch.zeros_like(r[..., 0])
+    for k in reversed(range(K)):
+        running = r[..., k] + gamma * running * turn_mask[..., k + 1] if k + 1 < K else r[..., k]
+        ret[..., k] = running
+    ret = ret * turn_mask
+    count = turn_mask.sum(1, keepdim=True) - turn_mask  # (G, N, K) others that reached turn k
+    others = (ret.sum(1, keepdim=True) - ret) / count.clamp(min=1)
+    full = ret[..., :1]  # (G, N, 1) every episode has turn 0
+    fallback = (full.sum(1, keepdim=True) - full) / (N - 1)
+    baseline = torch.where(count > 0, others, fallback.expand_as(others))
+    return (ret - baseline) * turn_mask
+
+
+turn_level.per_turn = True  # the trainer feeds it per-turn rewards, not one reward per episode
+ADVANTAGES["turn_level"] = turn_level

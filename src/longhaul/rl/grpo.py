@@ -42,6 +42,22 @@ def _padded(rows: list[list[float]], like: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _turn_rewards(groups: list[list[Trajectory]], rewards: torch.Tensor, infra: list[list[bool]]):
+    """Per-turn rewards (G, N, K) with each episode's outcome reward added at its last turn, and
+    the turn mask. An infra-error episode counts as one turn carrying its replaced reward."""
+    G, N = rewards.shape
+    K = max(max(1, len(t.turns)) for g in groups for t in g)
+    r, m = torch.zeros(G, N, K), torch.zeros(G, N, K)
+    for i, g in enumerate(groups):
+        for j, t in enumerate(g):
+            n = 1 if infra[i][j] or not t.turns else len(t.turns)
+            m[i, j, :n] = 1
+            if n > 1 or (t.turns and not infra[i][j]):
+                r[i, j, :n] = torch.tensor([turn.reward for turn in t.turns[:n]])
+            r[i, j, n - 1] += rewards[i, j]
+    return r, m
+
+
 class GRPOTrainer:
     def __init__(self, policy, pad_id: int, algo: AlgoConfig, train: TrainConfig, temperature: float = 1.0, max_new_tokens: int = 128):
         self.policy, self.pad_id, self.algo, self.train_cfg, self.temperature = policy, pad_id, algo, train, temperature
@@ -76,10 +92,17 @@ class GRPOTrainer:
         if self.algo.overlong_buffer:
             lengths = torch.tensor([[t.completion_len for t in g] for g in groups])
             rewards = rewards + overlong_penalty(lengths, self.max_new_tokens, self.algo.overlong_buffer, self.algo.overlong_penalty)
-        adv = self.advantage_fn(rewards)
-        std = rewards.std(dim=1)
+        if getattr(self.advantage_fn, "per_turn", False):
+            turn_r, turn_m = _turn_rewards(groups, rewards, infra)
+            per_turn = self.advantage_fn(turn_r, turn_m, gamma=self.algo.gamma)  # (G, N, K)
+            std = turn_r.sum(-1).std(dim=1)
+            token_adv = lambda i, j, s: [per_turn[i, j, k].item() for k in s.turn_index]
+        else:
+            adv = self.advantage_fn(rewards)
+            std = rewards.std(dim=1)
+            token_adv = lambda i, j, s: [adv[i, j].item()] * len(s.completion_ids)
         keep = [i for i in range(len(groups)) if not (self.algo.drop_zero_std_groups and std[i] == 0)]
-        seqs, picked, sizes = [], [], []
+        seqs, advs, sizes = [], [], []
         for i in keep:
             n = 0
             for j, t in enumerate(groups[i]):
@@ -90,11 +113,10 @@ class GRPOTrainer:
                     continue
                 for s in t.sequences():
                     seqs.append(s)
-                    picked.append(adv[i, j])
+                    advs.append(token_adv(i, j, s))
                     n += 1
             if n:
                 sizes.append(n)
-        advs = torch.stack(picked) if picked else torch.zeros(0)
         return rewards, std, seqs, advs, sizes
 
     def _units(self, pairs, sizes: list[int]) -> list[list[int]]:
@@ -159,7 +181,7 @@ class GRPOTrainer:
             ent = ent * mask
             old = logp.detach()  # single update per batch: the old policy is the current one
             beh = _padded([behaviour[i] for i in idx], old)  # the sampler's log-probs, (B, T)
-            tok_loss, clip = self.loss_fn(logp, old, advs[idx], clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
+            tok_loss, clip = self.loss_fn(logp, old, _padded([advs[i] for i in idx], old), clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
                                           clip_c=self.algo.dual_clip_c, mask=mask)
             if self.algo.tis_cap is not None:
                 tok_loss = tok_loss * truncated_is_weight(old, beh, self.algo.tis_cap)
