@@ -26,12 +26,13 @@ def train(
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. train.lr=1e-5"),
     resume: bool = typer.Option(False, "--resume", help="continue runs/<name> from its latest checkpoint"),
 ):
-    """Train a policy with GRPO; evaluate before and after; write runs/<name>/report.html."""
+    """Train with the config's algo.name (grpo, ppo, onpolicy_distill on tasks; sft, rm, dpo, distill
+    on a dataset); evaluate before and after; write runs/<name>/report.html."""
     from longhaul.config import load_config
-    from longhaul.runtime.sync import run_training
+    from longhaul.runtime import train as run
 
     cfg = load_config(config, overrides or [])
-    run_training(cfg, resume=resume)
+    run(cfg, resume=resume)
 
 
 @app.command("eval")

@@ -3,6 +3,8 @@ import math
 
 import torch
 
+from longhaul.config import AlgoConfig, TrainConfig
+
 from longhaul.models import load_policy
 from longhaul.rl.dpo import DPO_LOSSES, DPOTrainer, encode_pairs
 
@@ -25,7 +27,21 @@ def test_dpo_reaches_high_preference_accuracy_on_its_pairs():
     rows = [{"prompt": [{"role": "user", "content": f"pick {i}"}], "chosen": w, "rejected": words[(i + 3) % 8][::-1]}
             for i, w in enumerate(words)]
     pairs = encode_pairs(tok, rows)
-    trainer = DPOTrainer(model, copy.deepcopy(model), tok.pad_token_id, pairs, beta=0.1, lr=2e-3, micro_batch=4)
+    trainer = DPOTrainer(model, tok.pad_token_id, AlgoConfig(name="dpo", beta=0.1), TrainConfig(lr=2e-3, micro_batch=4, autocast="none"), pairs)
+    assert trainer.accuracy(pairs) == 0.0  # the implicit reward starts at exactly 0 for every pair
     for _ in range(25):
-        trainer.step(list(range(len(pairs))))
-    assert trainer.accuracy() > 0.9
+        trainer.step(pairs)
+    assert trainer.accuracy(pairs) > 0.9
+
+
+def test_dpo_accumulation_is_exact_and_reference_is_the_starting_model():
+    model, tok = load_policy("tiny-llama")
+    rows = [{"prompt": f"q{i}", "chosen": "yes " * (i + 1), "rejected": "no"} for i in range(6)]
+    pairs = encode_pairs(tok, rows)
+    params = []
+    for mb in (1, 6):
+        m = copy.deepcopy(model)
+        DPOTrainer(m, tok.pad_token_id, AlgoConfig(name="dpo"), TrainConfig(lr=1e-3, micro_batch=mb, autocast="none"), pairs).step(pairs)
+        params.append(dict(m.named_parameters()))
+    for n in params[0]:
+        assert torch.allclose(params[0][n], params[1][n], atol=1e-5), f"{n}: {(params[0][n] - params[1][n]).abs().max()}"

@@ -1,5 +1,7 @@
 import torch
 
+from longhaul.config import AlgoConfig, TrainConfig
+
 from longhaul.models import load_policy
 from longhaul.rl.reward_model import RewardModel, RewardTrainer, as_reward_function, bradley_terry_loss
 
@@ -18,7 +20,7 @@ def test_reward_model_ranks_held_out_pairs_above_chance():
     enc = lambda w: tok(f"the answer is {w}", add_special_tokens=False).input_ids
     pairs = [(enc(g), enc(b)) for g, b in zip(good, bad)]
     train, held = pairs[:7], pairs[7:] + [(enc(g), enc(b)) for g, b in zip(good[7:], bad[:3])]
-    trainer = RewardTrainer(rm, lr=3e-3, micro_batch=8)
+    trainer = RewardTrainer(rm, AlgoConfig(name="rm"), TrainConfig(lr=3e-3, micro_batch=8, autocast="none"))
     for _ in range(40):
         trainer.step(train)
     assert trainer.accuracy(train) == 1.0

@@ -68,9 +68,8 @@ def _group_table(by_group: dict) -> str:
             "<tr><th>sub-family</th><th>tasks</th><th>base</th><th></th><th>trained</th><th></th></tr>" + body + "</table>")
 
 
-def write_report(run_dir: Path, metrics: list[dict], comparison: dict | None, title: str) -> Path:
-    steps = [m["step"] for m in metrics]
-    charts = "".join(_svg_line(steps, [m.get(k) for m in metrics], label) for k, label in CURVES)
+def write_report(run_dir: Path, metrics: list[dict], comparison: dict | None, title: str, curves=CURVES) -> Path:
+    charts = "".join(_svg_line([m["step"] for m in metrics if k in m], [m[k] for m in metrics if k in m], label) for k, label in curves)
     body = f"<h1>{html.escape(title)}</h1>"
     if comparison:
         body += "<h2>Held-out evaluation (greedy, same tasks)</h2>" + _comparison_table(comparison)

@@ -35,13 +35,13 @@ def cache_home() -> Path:
     return Path(os.environ.get("LONGHAUL_HOME", Path.home() / ".cache" / "longhaul"))
 
 
-def _tiny(config_cls, seed: int = 0, **extra):
+def _tiny(config_cls, seed: int = 0, hidden: int = 64, layers: int = 2, **extra):
     tok = byte_tokenizer()
     cfg = config_cls(
         vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=2048,
@@ -61,6 +61,11 @@ def _tiny_llama():
     return _tiny(LlamaConfig, rope_theta=10000.0)
 
 
+def _tiny_llama_large():
+    """A wider, deeper tiny Llama with the same byte tokenizer: a distillation teacher in tests."""
+    return _tiny(LlamaConfig, seed=1, hidden=128, layers=3, rope_theta=10000.0)
+
+
 def _tiny_qwen2():
     return _tiny(Qwen2Config, rope_theta=10000.0)
 
@@ -78,6 +83,7 @@ BUILTINS: dict[str, Callable[[], tuple[PreTrainedModel, object]]] = {
     "smollm2-135m-instruct": _smollm2,
     "tiny-llama": _tiny_llama,
     "tiny-qwen2": _tiny_qwen2,
+    "tiny-llama-large": _tiny_llama_large,
 }
 
 
@@ -173,3 +179,19 @@ def prepare_builtin(name: str, log: Callable[[str], None] = print) -> Path:
         _convert_gguf(Path(tmp) / member, dst)
     log(f"{name} ready in {dst}")
     return dst
+
+
+def load_frozen(name: str, tok, role: str = "teacher"):
+    """A frozen model in eval mode that must share `tok`'s vocabulary (a distillation teacher)."""
+    from longhaul.errors import LonghaulError
+
+    if not name:
+        raise LonghaulError(f"no {role} model given; set algo.teacher to a model name, HF directory or .gguf")
+    model, other = load_policy(name)
+    if other.get_vocab() != tok.get_vocab():
+        raise LonghaulError(f"{role} {name!r} has a different tokenizer ({len(other)} tokens vs the student's {len(tok)}); "
+                            f"use models of one tokenizer family")
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model

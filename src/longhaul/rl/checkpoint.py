@@ -27,13 +27,16 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, model, tokenizer, trainer_state: dict, keep_last: int) -> Path:
+def save_checkpoint(ckpt_dir: Path, step: int, model, tokenizer, trainer_state: dict, keep_last: int, extra=None) -> Path:
+    """`extra(tmp_dir)` may write more files (a reward head) before the directory is renamed into place."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step_{step}"
     tmp = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix=f".step_{step}.tmp-"))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        if extra is not None:
+            extra(tmp)
         torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
         if final.exists():
             shutil.rmtree(final)
@@ -64,7 +67,7 @@ def load_weights(model, path: Path) -> None:
     if is_lora(model):
         return load_adapter(model, path)
 
-    files = sorted(path.glob("*.safetensors"))
+    files = sorted(f for f in path.glob("*.safetensors") if f.name != "reward_head.safetensors")
     state = {}
     for f in files:
         state.update(load_file(f))
@@ -98,6 +101,8 @@ def export_checkpoint(run_dir: Path, step: int | None, out: Path) -> Path:
             model, tok = merged_from_checkpoint(src)
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
+            if (src / "reward_head.safetensors").is_file():  # a reward model's head rides along
+                shutil.copy2(src / "reward_head.safetensors", tmp / "reward_head.safetensors")
         else:
             for f in src.iterdir():
                 if f.name != "trainer_state.pt":

@@ -3,6 +3,8 @@
 - `{"messages": [{role, content}, ...]}`: loss on every assistant message;
 - `{"prompt": ..., "completion": ...}`: strings (used as-is) or message lists (chat template);
 - `{"prompt": ..., "chosen": ..., "rejected": ...}`: preference pairs.
+Files: JSONL (`.jsonl`), a JSON list (`.json`), Parquet (`.parquet`), or a directory written by
+HF `datasets`' `save_to_disk` (a Dataset or a DatasetDict, whose split is picked by name).
 Assistant spans are found by rendering the chat template turn by turn, so the mask matches the
 exact tokens the model sees.
 """
@@ -29,6 +31,54 @@ def read_jsonl(path: str | Path) -> list[dict]:
     if not rows:
         raise LonghaulError(f"dataset {str(p)!r} is empty")
     return rows
+
+
+def load_rows(path: str | Path, split: str = "train") -> list[dict]:
+    """Rows of a dataset file or `save_to_disk` directory, as plain dicts."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".jsonl":
+        return read_jsonl(p)
+    if p.is_file() and p.suffix == ".json":
+        try:
+            rows = json.loads(p.read_text())
+        except json.JSONDecodeError:
+            return read_jsonl(p)  # JSON lines under a .json name
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise LonghaulError(f"dataset {str(p)!r} must hold a JSON list of objects (or one object per line)")
+        return rows
+    if not p.exists():
+        raise LonghaulError(f"dataset {str(p)!r} not found; set data.path to a .jsonl/.json/.parquet file or a save_to_disk directory")
+    try:
+        import datasets
+    except ImportError as e:
+        raise LonghaulError(f"reading {str(p)!r} needs HF datasets; pip install 'longhaul[datasets]' or convert it to JSONL") from e
+    if p.is_file() and p.suffix == ".parquet":
+        ds = datasets.Dataset.from_parquet(str(p))
+    elif p.is_dir():
+        ds = datasets.load_from_disk(str(p))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise LonghaulError(f"dataset {str(p)!r} has splits {sorted(ds)}, not {split!r}; set data.split")
+            ds = ds[split]
+    else:
+        raise LonghaulError(f"dataset {str(p)!r}: unknown format; use .jsonl, .json, .parquet or a save_to_disk directory")
+    rows = ds.to_list()
+    if not rows:
+        raise LonghaulError(f"dataset {str(p)!r} is empty")
+    return rows
+
+
+def encode_pair_row(tok, row: dict) -> tuple[tuple[list[int], list[int]], tuple[list[int], list[int]]]:
+    """A preference row -> ((chosen ids, mask), (rejected ids, mask)); both share the prompt."""
+    missing = [k for k in ("prompt", "chosen", "rejected") if k not in row]
+    if missing:
+        raise LonghaulError(f"preference rows need 'prompt', 'chosen' and 'rejected'; missing {missing}")
+    return encode_prompt_completion(tok, row["prompt"], row["chosen"]), encode_prompt_completion(tok, row["prompt"], row["rejected"])
+
+
+def truncate(row: tuple[list[int], list[int]], max_length: int) -> tuple[list[int], list[int]]:
+    ids, mask = row
+    return ids[:max_length], mask[:max_length]
 
 
 def _render(tok, messages: list[dict], add_generation_prompt: bool) -> list[int]:

@@ -4,17 +4,22 @@ is usable as a reward function `(completions, prompts=...) -> list[float]` (the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from longhaul.rl.logprobs import autocast_ctx, right_pad
+from longhaul.rl.optim import clip_and_step, make_optimizer
 
 
 class RewardModel(nn.Module):
     def __init__(self, lm, pad_id: int):
         super().__init__()
-        self.backbone = lm.base_model
+        from longhaul.models.lora import unwrap
+
+        self.backbone = unwrap(lm).base_model  # with LoRA, the backbone's layers carry the adapters
         self.head = nn.Linear(lm.config.hidden_size, 1)
         nn.init.zeros_(self.head.bias)
         nn.init.normal_(self.head.weight, std=1.0 / lm.config.hidden_size ** 0.5)
@@ -34,29 +39,83 @@ def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torc
 
 
 class RewardTrainer:
-    def __init__(self, rm: RewardModel, lr: float = 1e-4, micro_batch: int = 8):
-        self.rm, self.micro_batch = rm, micro_batch
-        self.optimizer = torch.optim.AdamW([p for p in rm.parameters() if p.requires_grad], lr=lr, foreach=False)
+    """Bradley-Terry training on (chosen ids, rejected ids) pairs; the loss is the batch mean, so
+    micro-batch accumulation gives the full-batch gradient."""
+
+    def __init__(self, rm: RewardModel, algo, train):
+        self.rm, self.train_cfg = rm, train
+        self.optimizer, self.scheduler = make_optimizer(rm.parameters(), train)
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
 
     def step(self, pairs: list[tuple[list[int], list[int]]]) -> dict:
         self.rm.train()
-        n, total, correct = len(pairs), 0.0, 0
-        for i in range(0, n, self.micro_batch):
-            chunk = pairs[i:i + self.micro_batch]
-            rc, rr = self.rm([c for c, _ in chunk]), self.rm([r for _, r in chunk])
+        n, total, correct, margin = len(pairs), 0.0, 0, 0.0
+        mb, ac = self.train_cfg.micro_batch, self.train_cfg.autocast
+        for i in range(0, n, mb):
+            chunk = pairs[i:i + mb]
+            rc, rr = self.rm([c for c, _ in chunk], ac), self.rm([r for _, r in chunk], ac)
             loss = bradley_terry_loss(rc, rr).sum() / n
             loss.backward()
             total += loss.item()
             correct += int((rc > rr).sum())
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": total, "accuracy": correct / n}
+            margin += (rc - rr).sum().item()
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm = clip_and_step(self.rm.parameters(), self.optimizer, self.scheduler, self.train_cfg.grad_clip, total)
+        return {"loss": total, "accuracy": correct / n, "margin": margin / n, "grad_norm": grad_norm, "lr": lr}
 
     @torch.no_grad()
-    def accuracy(self, pairs) -> float:
+    def evaluate(self, pairs) -> dict:
+        """Held-out ranking accuracy (chosen scored above rejected) and mean margin."""
         self.rm.eval()
-        rc, rr = self.rm([c for c, _ in pairs]), self.rm([r for _, r in pairs])
-        return (rc > rr).float().mean().item()
+        mb = self.train_cfg.micro_batch
+        diffs = torch.cat([self.rm([c for c, _ in pairs[i:i + mb]]) - self.rm([r for _, r in pairs[i:i + mb]])
+                           for i in range(0, len(pairs), mb)])
+        return {"heldout/accuracy": (diffs > 0).float().mean().item(), "heldout/margin": diffs.mean().item()}
+
+    def accuracy(self, pairs) -> float:
+        return self.evaluate(pairs)["heldout/accuracy"]
+
+
+HEAD_FILE = "reward_head.safetensors"
+
+
+def save_head(rm: RewardModel, path: Path) -> None:
+    """The scalar head beside the backbone's HF files (the backbone is saved as a causal LM)."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous() for k, v in rm.head.state_dict().items()}, str(path / HEAD_FILE))
+
+
+def load_head(rm: RewardModel, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    rm.head.load_state_dict(load_file(str(Path(path) / HEAD_FILE)))
+
+
+def load_reward_model(path: str | Path) -> tuple[RewardModel, object]:
+    """(reward model, tokenizer) from a checkpoint or export directory of an `algo.name: rm` run."""
+    from longhaul.errors import LonghaulError
+    from longhaul.models import load_policy
+
+    path = Path(path)
+    if not (path / HEAD_FILE).is_file():
+        raise LonghaulError(f"{str(path)!r} has no {HEAD_FILE}; pass a checkpoint or export of an `algo.name: rm` run")
+    if (path / "adapter_config.json").is_file():
+        from longhaul.models.lora import merged_from_checkpoint
+
+        lm, tok = merged_from_checkpoint(path)
+    else:
+        lm, tok = load_policy(str(path))
+    rm = RewardModel(lm, tok.pad_token_id)
+    load_head(rm, path)
+    rm.eval()
+    return rm, tok
 
 
 def as_reward_function(rm: RewardModel, tok):

@@ -1,18 +1,25 @@
-"""Supervised fine-tuning: next-token loss on assistant tokens only.
+"""Supervised fine-tuning: next-token loss on assistant tokens only, with optional packing.
 
 The loss is the sum of token losses over the whole batch divided by the batch's count of
-loss tokens, so micro-batch accumulation gives exactly the full-batch gradient. Sequences
-are padded, not packed (packing across examples would let attention cross them).
+loss tokens, so micro-batch accumulation gives exactly the full-batch gradient. With packing,
+rows are laid end to end into sequences of at most `max_length` tokens; each row keeps its own
+positions (from 0) and a block-diagonal causal mask keeps attention inside the row, so a packed
+batch computes exactly what the padded one does, with no compute spent on padding.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from longhaul.rl.logprobs import autocast_ctx, right_pad
+from longhaul.rl.optim import clip_and_step, make_optimizer
+
+Row = tuple[list[int], list[int]]  # token ids, loss mask (1 on assistant tokens)
 
 
-def masked_logprobs(model, seqs: list[tuple[list[int], list[int]]], pad_id: int, autocast: str = "none"):
+def masked_logprobs(model, seqs: list[Row], pad_id: int, autocast: str = "none"):
     """Per-token log-probs (B, L-1) of ids[1:] given the prefix, and the loss mask (B, L-1)."""
     ids, attn = right_pad([x for x, _ in seqs], pad_id)
     mask = torch.zeros(ids.shape, dtype=torch.float32)
@@ -25,23 +32,98 @@ def masked_logprobs(model, seqs: list[tuple[list[int], list[int]]], pad_id: int,
     return logp, mask[:, 1:]
 
 
-class SFTTrainer:
-    def __init__(self, model, pad_id: int, lr: float = 1e-4, micro_batch: int = 8, grad_clip: float = 1.0, autocast: str = "none"):
-        self.model, self.pad_id, self.micro_batch, self.grad_clip, self.autocast = model, pad_id, micro_batch, grad_clip, autocast
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, foreach=False)
+def pack_rows(rows: list[Row], max_length: int) -> list[list[Row]]:
+    """First-fit-decreasing bins of rows whose total length is at most `max_length`."""
+    bins: list[list[Row]] = []
+    room: list[int] = []
+    for row in sorted(rows, key=lambda r: -len(r[0])):
+        n = len(row[0])
+        for k, free in enumerate(room):
+            if n <= free:
+                bins[k].append(row)
+                room[k] -= n
+                break
+        else:
+            bins.append([row])
+            room.append(max_length - n)
+    return bins
 
-    def step(self, batch: list[tuple[list[int], list[int]]]) -> dict:
-        n_tok = float(sum(sum(m[1:]) for _, m in batch))
-        if n_tok == 0:
+
+def packed_logprobs(model, bins: list[list[Row]], pad_id: int, autocast: str = "none"):
+    """Like `masked_logprobs` over packed bins: (B, L-1) log-probs and mask, where no token ever
+    attends across its row and the first token of every row is never a target."""
+    L = max(sum(len(r[0]) for r in b) for b in bins)
+    B = len(bins)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    pos = torch.zeros((B, L), dtype=torch.long)
+    seg = torch.full((B, L), -1, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.float32)
+    for b, rows in enumerate(bins):
+        at = 0
+        for k, (x, m) in enumerate(rows):
+            n = len(x)
+            ids[b, at:at + n] = torch.tensor(x)
+            pos[b, at:at + n] = torch.arange(n)
+            seg[b, at:at + n] = k
+            mask[b, at:at + n] = torch.tensor(m, dtype=torch.float32)
+            mask[b, at] = 0  # predicted from the previous row's last token: never a target
+            at += n
+    causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
+    attn = causal[None] & (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0)  # (B, L, L)
+    attn |= torch.eye(L, dtype=torch.bool)[None]  # padding attends to itself: no empty softmax rows
+    with autocast_ctx(autocast):
+        logits = model(input_ids=ids, attention_mask=attn[:, None], position_ids=pos).logits[:, :-1]
+    logits = logits.float()
+    logp = (logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - logits.logsumexp(-1)) * mask[:, 1:]
+    return logp, mask[:, 1:]
+
+
+class SFTTrainer:
+    def __init__(self, model, pad_id: int, algo, train, packing: bool = False, max_length: int = 1024):
+        self.model, self.pad_id, self.train_cfg = model, pad_id, train
+        self.packing, self.max_length = packing, max_length
+        self.optimizer, self.scheduler = make_optimizer(model.parameters(), train)
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def _chunks(self, rows: list[Row]):
+        mb = self.train_cfg.micro_batch
+        if self.packing:
+            bins = pack_rows(rows, self.max_length)
+            for i in range(0, len(bins), mb):
+                yield packed_logprobs(self.model, bins[i:i + mb], self.pad_id, self.train_cfg.autocast)
+        else:
+            for i in range(0, len(rows), mb):
+                yield masked_logprobs(self.model, rows[i:i + mb], self.pad_id, self.train_cfg.autocast)
+
+    @staticmethod
+    def _loss_tokens(rows: list[Row]) -> float:
+        n = float(sum(sum(m[1:]) for _, m in rows))
+        if n == 0:
             raise ValueError("batch has no loss tokens (no assistant content)")
+        return n
+
+    def step(self, rows: list[Row]) -> dict:
+        n_tok = self._loss_tokens(rows)
         self.model.train()
         total = 0.0
-        for i in range(0, len(batch), self.micro_batch):
-            logp, mask = masked_logprobs(self.model, batch[i:i + self.micro_batch], self.pad_id, self.autocast)
+        for logp, mask in self._chunks(rows):
             loss = -(logp * mask).sum() / n_tok
             loss.backward()
             total += loss.item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": total, "grad_norm": grad_norm.item(), "num_tokens": int(n_tok)}
+        lr = self.scheduler.get_last_lr()[0]
+        grad_norm = clip_and_step(self.model.parameters(), self.optimizer, self.scheduler, self.train_cfg.grad_clip, total)
+        return {"loss": total, "grad_norm": grad_norm, "num_tokens": int(n_tok), "lr": lr}
+
+    @torch.no_grad()
+    def evaluate(self, rows: list[Row]) -> dict:
+        """Held-out mean token loss and perplexity on assistant tokens."""
+        n_tok = self._loss_tokens(rows)
+        self.model.eval()
+        total = sum(-(logp * mask).sum().item() for logp, mask in self._chunks(rows)) / n_tok
+        return {"heldout/loss": total, "heldout/ppl": math.exp(min(total, 50.0))}

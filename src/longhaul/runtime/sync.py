@@ -1,4 +1,4 @@
-"""The synchronous, on-policy GRPO run: evaluate the base policy, train, evaluate again, report.
+"""The synchronous, on-policy RL run (GRPO, PPO, on-policy distillation): evaluate the base policy, train, evaluate again, report.
 
 One process: sample groups with a (bf16) copy of the policy, score them with the task
 family's verifier, take one GRPO step, copy the new weights into the sampler, log,
@@ -26,12 +26,35 @@ from longhaul.eval.envcheck import require_checked
 from longhaul.eval.passrate import EvalResult, compare, evaluate
 from longhaul.eval.report import write_report
 from longhaul.inference import SamplingParams
-from longhaul.models import load_policy
+from longhaul.models import load_frozen, load_policy
 from longhaul.models.lora import apply_lora
 from longhaul.rl.checkpoint import list_checkpoints, load_trainer_state, load_weights, save_checkpoint, set_rng_state
 from longhaul.rl.grpo import GRPOTrainer, frozen_copy
+from longhaul.rl.registry import Registry
 from longhaul.runtime.metrics import MetricsLog, read_metrics
 from longhaul.runtime.progress import console, progress_bar
+
+
+def _grpo(cfg: RunConfig, policy, tok):
+    return GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
+
+
+def _ppo(cfg: RunConfig, policy, tok):
+    from longhaul.rl.ppo import PPOTrainer
+
+    return PPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
+
+
+def _onpolicy_distill(cfg: RunConfig, policy, tok):
+    from longhaul.rl.distill import OnPolicyDistillTrainer
+
+    teacher = load_frozen(cfg.algo.teacher, tok)
+    return OnPolicyDistillTrainer(policy, teacher, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature,
+                                  cfg.rollout.max_new_tokens)
+
+
+ONLINE = Registry("online algorithm")  # algorithms that learn from their own rollouts: name -> trainer factory
+ONLINE.update(grpo=_grpo, ppo=_ppo, onpolicy_distill=_onpolicy_distill)
 
 
 @dataclass
@@ -140,7 +163,7 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     t = cfg.train
     if t.lora_r:
         policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
-    trainer = GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
+    trainer = ONLINE.get_fn(cfg.algo.name)(cfg, policy, tok)
     start = 0
     if ckpt is not None:
         load_weights(policy, ckpt)
