@@ -130,6 +130,31 @@ def envcheck(
 
 
 @app.command()
+def data(
+    kind: str = typer.Argument(..., help="sft (prompt + reference completion) or prefs (chosen reference vs a failing mutant)"),
+    family: str = typer.Argument(..., help="a single-turn task family, e.g. funcgen, or package.module:Name"),
+    out: str = typer.Option(..., "--out", help="the JSONL file to write"),
+    n: int = typer.Option(200, "--n", help="tasks to draw"),
+    split: str = typer.Option("train", "--split", help="train or heldout"),
+    difficulty: int = typer.Option(1, "--difficulty"),
+):
+    """Build an SFT or preference dataset from a task family, every reply checked by its verifier."""
+    from longhaul.envs import get_family
+    from longhaul.envs.datasets import build_rows, write_jsonl
+    from longhaul.runtime.progress import console, progress_bar
+
+    if kind not in ("sft", "prefs"):
+        raise LonghaulError(f"unknown dataset kind {kind!r}; use sft or prefs")
+    fam = get_family(family)
+    with progress_bar(True) as prog:
+        bar = prog.add_task(f"{kind} from {family}", total=n, info="")
+        rows = build_rows(fam, kind, split, n, difficulty, on_task=lambda: prog.advance(bar))
+    if not rows:
+        raise LonghaulError(f"no rows could be built from {n} {family} tasks; try more tasks or another family")
+    console.print(f"wrote {len(rows)} rows to {write_jsonl(rows, out)}")
+
+
+@app.command()
 def env():
     """Print versions and hardware, for bug reports."""
     from longhaul.envinfo import collect
