@@ -87,7 +87,7 @@ class AlgoConfig(Section):
     whiten_advantages: bool = True
     # DPO
     beta: float = Field(0.1, gt=0)
-    dpo_loss: str = "sigmoid"  # registered name (longhaul.rl.dpo): sigmoid, ipo
+    dpo_loss: str = "sigmoid"  # registered name (longhaul.rl.dpo): sigmoid, ipo (summed log-ratios), ipo_norm (TRL: per-token means)
     # distillation (offline on teacher logits, or on-policy: the student samples, the teacher scores)
     teacher: str | None = None  # a model name, HF directory or .gguf, with the student's tokenizer
     distill_loss: str = "forward_kl"  # registered name (longhaul.rl.distill): forward_kl, reverse_kl, jsd

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from longhaul.rl.data import encode_prompt_completion
-from longhaul.rl.registry import Registry
 from longhaul.rl.optim import clip_and_step, make_optimizer
+from longhaul.rl.registry import Registry
 from longhaul.rl.sft import masked_logprobs
 
 DPO_LOSSES = Registry("DPO loss")

@@ -163,7 +163,8 @@ class GRPOTrainer:
         env_masks = [s.loss_mask for s in seqs]  # 0 on tool/environment tokens of multi-turn sequences
         n_tok = float(sum(sum(m) for m in env_masks))
         n_seq = float(len(pairs))
-        max_len = max(len(c) for _, c in pairs)
+        # Dr. GRPO's constant normaliser: the generation budget, not this batch's longest (multi-turn can exceed it)
+        max_len = max(self.max_new_tokens, max(len(c) for _, c in pairs))
         chunks = self._units(pairs, sizes)
 
         ref_logps, t_ref = [], time.perf_counter()
