@@ -93,6 +93,7 @@ class AlgoConfig(Section):
     distill_loss: str = "forward_kl"  # registered name (longhaul.rl.distill): forward_kl, reverse_kl, jsd
     distill_temperature: float = Field(1.0, gt=0)
     jsd_beta: float = Field(0.5, gt=0, lt=1)
+    distill_reward_weight: float = Field(0.0, ge=0)  # on-policy: add this times the outcome reward's GRPO advantage
 
 
 class TrainConfig(Section):

@@ -84,7 +84,7 @@ def test_turn_level_advantages_reach_each_turns_tokens():
     for t, r1 in zip(multi[0], [0.5, 0.5, 0.0, 0.0]):
         t.turns[0].reward = r1
     trainer = GRPOTrainer(base, tok.pad_token_id, AlgoConfig(kl_coef=0.0, advantage="turn_level"), TrainConfig(autocast="none"))
-    rewards, _, seqs, advs, _ = trainer._select(multi)
+    rewards, _, seqs, advs, _ = trainer.select(multi)
     outcome = [1.0, 0.0, 0.0, 1.0]
     first = [r1 + o for r1, o in zip([0.5, 0.5, 0.0, 0.0], outcome)]  # return-to-go from turn 0
     for j, (s, a) in enumerate(zip(seqs, advs)):

@@ -110,13 +110,13 @@ def test_dapo_overlong_shaping_and_truncation_mask():
             t.reward = 1.0  # equal rewards: only the length penalty can create a signal
     groups[0][0].turns[0].finish_reason = "length"
     trainer = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(overlong_buffer=6, kl_coef=0.0), TrainConfig(autocast="none"), max_new_tokens=8)
-    rewards, std, trajs, advs, sizes = trainer._select(groups)
+    rewards, std, trajs, advs, sizes = trainer.select(groups)
     lens = torch.tensor([[t.completion_len for t in g] for g in groups], dtype=torch.float32)
     want = 1.0 - ((lens - 2).clamp(min=0) / 6).clamp(max=1)
     assert torch.allclose(rewards, want)
     trainer = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(mask_truncated=True, drop_zero_std_groups=False, kl_coef=0.0),
                           TrainConfig(autocast="none"))
-    _, _, trajs, advs, sizes = trainer._select(groups)
+    _, _, trajs, advs, sizes = trainer.select(groups)
     assert groups[0][0] not in trajs and len(trajs) == 11 and sum(sizes) == 11 and len(advs) == 11
 
 

@@ -34,7 +34,7 @@ def frozen_copy(model, dtype: torch.dtype | None = None):
     return ref
 
 
-def _padded(rows: list[list[float]], like: torch.Tensor) -> torch.Tensor:
+def padded_rows(rows: list[list[float]], like: torch.Tensor) -> torch.Tensor:
     """Behaviour log-probs as a (B, T) tensor shaped like `like` (zeros past each row's end)."""
     out = torch.zeros_like(like)
     for b, r in enumerate(rows):
@@ -76,7 +76,7 @@ class GRPOTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
-    def _select(self, groups: list[list[Trajectory]]):
+    def select(self, groups: list[list[Trajectory]]):
         """Rewards, their group std, and the training sequences with their advantages.
 
         A trajectory that ended in an infra error is neither scored nor trained on: its reward is
@@ -144,7 +144,7 @@ class GRPOTrainer:
     def step(self, groups: list[list[Trajectory]]) -> dict:
         """One optimizer step on a batch of prompt groups; returns TRL/verl-named metrics."""
         t0 = time.perf_counter()
-        rewards, std, seqs, advs, sizes = self._select(groups)
+        rewards, std, seqs, advs, sizes = self.select(groups)
         m = {
             "reward": rewards.mean().item(),
             "reward_std": std.mean().item(),
@@ -178,11 +178,11 @@ class GRPOTrainer:
         sums = {"kl": 0.0, "entropy": 0.0, "low": 0.0, "high": 0.0, "loss": 0.0, "gap": 0.0}
         for k, idx in enumerate(chunks):
             logp, mask, ent = self._logprobs(self.policy, pairs, idx, with_entropy=True, entropy_grad=self.algo.entropy_coef > 0)
-            mask = mask * _padded([env_masks[i] for i in idx], mask)
+            mask = mask * padded_rows([env_masks[i] for i in idx], mask)
             ent = ent * mask
             old = logp.detach()  # single update per batch: the old policy is the current one
-            beh = _padded([behaviour[i] for i in idx], old)  # the sampler's log-probs, (B, T)
-            tok_loss, clip = self.loss_fn(logp, old, _padded([advs[i] for i in idx], old), clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
+            beh = padded_rows([behaviour[i] for i in idx], old)  # the sampler's log-probs, (B, T)
+            tok_loss, clip = self.loss_fn(logp, old, padded_rows([advs[i] for i in idx], old), clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
                                           clip_c=self.algo.dual_clip_c, mask=mask)
             if self.algo.tis_cap is not None:
                 tok_loss = tok_loss * truncated_is_weight(old, beh, self.algo.tis_cap)

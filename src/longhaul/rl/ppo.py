@@ -36,7 +36,7 @@ from torch import nn
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.models.lora import is_lora
 from longhaul.rl.advantages import gae
-from longhaul.rl.grpo import _padded, frozen_copy
+from longhaul.rl.grpo import padded_rows, frozen_copy
 from longhaul.rl.logprobs import autocast_ctx, completion_logprobs, pack
 from longhaul.rl.losses import (
     KL_ESTIMATORS,
@@ -188,7 +188,7 @@ class PPOTrainer:
         device = next(self.policy.parameters()).device
         pairs = [(s.prompt_ids, s.completion_ids) for s in seqs]
         shape = torch.zeros(len(seqs), max(len(c) for _, c in pairs), device=device)  # (N, T)
-        mask = _padded([s.loss_mask for s in seqs], shape)
+        mask = padded_rows([s.loss_mask for s in seqs], shape)
         old, val = shape.clone(), shape.clone()
         ref = shape.clone() if self.ref is not None else None
         ac = self.train_cfg.autocast
@@ -207,7 +207,7 @@ class PPOTrainer:
         adv, ret = model_token_gae(rewards, val, mask, self.algo.gamma, self.algo.lam)
         if self.algo.whiten_advantages:
             adv = whiten(adv, mask)
-        return Experience(pairs, outcome, mask, _padded([s.logprobs for s in seqs], shape), old, ref, val, rewards, adv, ret)
+        return Experience(pairs, outcome, mask, padded_rows([s.logprobs for s in seqs], shape), old, ref, val, rewards, adv, ret)
 
     def _update(self, exp: Experience, idx: list[int], sums: dict) -> None:
         """One actor and one critic optimizer step on the mini-batch `idx`, micro-batched."""

@@ -81,7 +81,7 @@ def _build_distill(cfg, policy, tok, items):
     from longhaul.rl.distill import DistillTrainer
 
     teacher = load_frozen(cfg.algo.teacher, tok)
-    return Built(DistillTrainer(policy, teacher, tok.pad_token_id, cfg.algo, cfg.train), policy)
+    return Built(DistillTrainer(policy, teacher, tok.pad_token_id, cfg.algo, cfg.train, vocab_size=len(tok)), policy)
 
 
 _sft_tokens = lambda item: sum(item[1][1:]) > 0

@@ -50,7 +50,7 @@ def _onpolicy_distill(cfg: RunConfig, policy, tok):
 
     teacher = load_frozen(cfg.algo.teacher, tok)
     return OnPolicyDistillTrainer(policy, teacher, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature,
-                                  cfg.rollout.max_new_tokens)
+                                  cfg.rollout.max_new_tokens, cfg.algo.distill_reward_weight, vocab_size=len(tok))
 
 
 ONLINE = Registry("online algorithm")  # algorithms that learn from their own rollouts: name -> trainer factory
@@ -199,7 +199,8 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
                 sampler.load_state_dict(policy.state_dict())
             metrics = _step_metrics(groups, gen, m, time.perf_counter() - t0)
             log.write(step, metrics)
-            info = (f"reward {metrics['reward']:.3f} pass {metrics['pass_rate']:.2f} kl {metrics['kl']:.4f} "
+            kl_key = "distill/reverse_kl" if "distill/reverse_kl" in metrics else "kl"
+            info = (f"reward {metrics['reward']:.3f} pass {metrics['pass_rate']:.2f} {kl_key} {metrics[kl_key]:.4f} "
                     f"len {metrics['completions/mean_length']:.0f} {metrics['tokens_per_s']:.0f} tok/s {metrics['step_time']:.1f}s/step")
             prog.console.print(f"step {step}/{cfg.train.steps}  {info}")
             for warning in _stability_warnings(metrics, cfg):
