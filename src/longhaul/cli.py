@@ -18,6 +18,8 @@ model_app = typer.Typer(no_args_is_help=True, help="Prepare and inspect models."
 app.add_typer(model_app, name="model")
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in the sandbox.")
 app.add_typer(sandbox_app, name="sandbox")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks with results written to benchmarks/results/.")
+app.add_typer(bench_app, name="bench")
 
 
 @app.command()
@@ -161,6 +163,91 @@ def env():
 
     for k, v in collect().items():
         print(f"{k}: {v}")
+
+
+@app.command("generate")
+def generate_cmd(
+    model: str = typer.Option("smollm2-135m-instruct", "--model", help="built-in name, HF directory or .gguf"),
+    prompt: Optional[list[str]] = typer.Option(None, "--prompt", help="a prompt (repeatable)"),
+    prompts_file: Optional[str] = typer.Option(None, "--prompts-file", help="a file with one prompt a line"),
+    max_tokens: int = typer.Option(128, "--max-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    chat: bool = typer.Option(True, "--chat/--raw", help="wrap each prompt in the model's chat template, if it has one"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16"),
+    json_out: bool = typer.Option(False, "--json", help="one JSON object a line per output"),
+):
+    """Generate completions with the built-in inference engine."""
+    import json
+    import time
+    from pathlib import Path
+
+    from longhaul.inference import EngineSamplingParams, LLMEngine
+
+    texts = list(prompt or [])
+    if prompts_file:
+        path = Path(prompts_file)
+        if not path.is_file():
+            raise LonghaulError(f"prompts file {prompts_file!r} not found; pass a text file with one prompt a line")
+        texts += [line for line in path.read_text().splitlines() if line.strip()]
+    if not texts:
+        raise LonghaulError("no prompts; pass --prompt TEXT or --prompts-file FILE")
+    if dtype not in ("float32", "bfloat16"):
+        raise LonghaulError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
+    params = EngineSamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    engine = LLMEngine(model=model, dtype=dtype)
+    tok = engine.tokenizer
+    if chat and getattr(tok, "chat_template", None):
+        ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False),
+                          add_special_tokens=False) for t in texts]
+    else:
+        ids = [tok.encode(t) for t in texts]
+    start = time.perf_counter()
+    outs = engine.generate(ids, params)
+    elapsed = time.perf_counter() - start
+    for text, out in zip(texts, outs):
+        if json_out:
+            print(json.dumps({"prompt": text, **{k: v for k, v in out.to_dict().items() if k != "prompt"}}))
+        else:
+            print(out.text)
+            print(f"--- {len(out.token_ids)} tokens, finish_reason={out.finish_reason}", file=sys.stderr)
+    n = sum(len(o.token_ids) for o in outs)
+    print(f"{n} tokens in {elapsed:.2f} s ({n / elapsed:.1f} tok/s)", file=sys.stderr)
+
+
+@bench_app.command("engine")
+def bench_engine_cmd(
+    model: str = typer.Option("smollm2-135m-instruct", "--model"),
+    batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="comma-separated"),
+    max_tokens: int = typer.Option(128, "--max-tokens", help="new tokens per request, exactly"),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16, float32, or both comma-separated"),
+    repeats: int = typer.Option(2, "--repeats", help="runs of each measurement; the best counts"),
+    json_out: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
+):
+    """Tokens/s of the inference engine beside HF generate (same prompts, T=1); writes
+    benchmarks/results/engine.json."""
+    import json
+
+    from longhaul.inference.bench import bench_engine, format_table, save_result
+
+    try:
+        sizes = tuple(int(x) for x in batch_sizes.split(","))
+    except ValueError as e:
+        raise LonghaulError(f"--batch-sizes must be comma-separated integers, got {batch_sizes!r}") from e
+    dtypes = [d.strip() for d in dtype.split(",")]
+    if bad := [d for d in dtypes if d not in ("float32", "bfloat16")]:
+        raise LonghaulError(f"--dtype must be float32 and/or bfloat16, got {', '.join(bad)}")
+    log = lambda msg: print(f"bench engine: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    result = None
+    for d in dtypes:
+        r = bench_engine(model, sizes, max_tokens, d, max(1, repeats), log)
+        if result is None:
+            result = r
+        else:
+            result["rows"] += r["rows"]
+        log(f"wrote {save_result(r)}")
+    print(json.dumps(result) if json_out else format_table(result))
 
 
 @model_app.command("prepare")

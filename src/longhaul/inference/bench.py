@@ -1,0 +1,120 @@
+"""`longhaul bench engine`: decode throughput of `LLMEngine` beside HF `generate`, one process.
+
+Owns the benchmark protocol and its result file. Both generators get the same prompts (the
+i-th is "Write a Python function that returns the {i}th Fibonacci number." through the
+chat template), the same dtype, pure sampling at T=1 and exactly `max_tokens` new tokens
+(the engine with `ignore_eos`, HF with `min_new_tokens`); each batch size takes the first B
+prompts. One short warm-up run of each precedes the timings; each timing is the best of
+`repeats` runs (the machine is shared: the best run is the least disturbed one), the engine's
+prefix cache flushed before each. Throughput is generated tokens over the wall time of the
+whole `generate` call, prefill included, as vLLM's offline benchmark counts it. Does not own
+the anchors' numbers (vLLM-CPU was measured outside).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from longhaul.inference.engine import LLMEngine
+from longhaul.inference.sampling import SamplingParams
+
+RESULTS = Path("benchmarks/results/engine.json")
+
+
+def fib_prompts(tok, n: int = 64) -> list[list[int]]:
+    out = []
+    for i in range(n):
+        msgs = [{"role": "user", "content": f"Write a Python function that returns the {i}th Fibonacci number."}]
+        text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        out.append(tok.encode(text, add_special_tokens=False))
+    return out
+
+
+@torch.inference_mode()
+def _hf_generate(model, tok, prompts: list[list[int]], max_tokens: int, seed: int) -> int:
+    width = max(len(p) for p in prompts)
+    pad = tok.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(seed)
+    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                         max_new_tokens=max_tokens, min_new_tokens=max_tokens, pad_token_id=pad)
+    return (out.shape[1] - width) * len(prompts)
+
+
+def _engine_generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, seed: int) -> int:
+    params = [SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True, seed=seed + i) for i in range(len(prompts))]
+    return sum(len(o.token_ids) for o in engine.generate(prompts, params))
+
+
+def _timed(fn: Callable[[], int], repeats: int, before: Callable[[], None] = lambda: None) -> tuple[int, float]:
+    """(tokens, best wall seconds) over `repeats` runs."""
+    best = (0, float("inf"))
+    for _ in range(repeats):
+        before()
+        t = time.perf_counter()
+        n = fn()
+        best = min(best, (n, time.perf_counter() - t), key=lambda r: r[1])
+    return best
+
+
+def bench_engine(model: str = "smollm2-135m-instruct", batch_sizes: tuple[int, ...] = (1, 8, 32), max_tokens: int = 128,
+                 dtype: str = "bfloat16", repeats: int = 2, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Tokens/s of the engine and of HF generate at each batch size; returns the result dict."""
+    from longhaul.models import load_policy
+
+    hf, tok = load_policy(model)
+    hf.eval()
+    prompts = fib_prompts(tok, max(64, max(batch_sizes)))
+    engine = LLMEngine(hf, dtype=dtype, tokenizer=tok)  # copies the weights out before the cast below
+    hf = hf.to(engine.config.torch_dtype)
+    log(f"warm-up ({model}, {dtype}, {torch.get_num_threads()} threads)")
+    _engine_generate(engine, prompts[:2], 8, 0)
+    _hf_generate(hf, tok, prompts[:2], 8, 0)
+    rows = []
+    for b in batch_sizes:
+        log(f"batch {b}: engine")
+        n_ours, t_ours = _timed(lambda: _engine_generate(engine, prompts[:b], max_tokens, 1), repeats, engine.flush_prefix_cache)
+        log(f"batch {b}: engine {n_ours / t_ours:.1f} tok/s; HF generate")
+        n_hf, t_hf = _timed(lambda: _hf_generate(hf, tok, prompts[:b], max_tokens, 1), repeats)
+        log(f"batch {b}: HF generate {n_hf / t_hf:.1f} tok/s")
+        rows.append({"dtype": dtype, "batch_size": b, "engine_tok_s": round(n_ours / t_ours, 2), "hf_tok_s": round(n_hf / t_hf, 2),
+                     "ratio": round((n_ours / t_ours) / (n_hf / t_hf), 2), "engine_s": round(t_ours, 3), "hf_s": round(t_hf, 3),
+                     "engine_tokens": n_ours, "hf_tokens": n_hf})
+    config = engine.config.model_dump(exclude={"model", "dtype"})
+    return {"model": model, "max_tokens": max_tokens, "temperature": 1.0, "prompts": "fibonacci x64, chat template", "repeats": repeats,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "machine": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                        "processor": platform.processor() or platform.machine()},
+            "engine_config": config, "rows": rows}
+
+
+def save_result(result: dict, path: Path = RESULTS) -> Path:
+    """Merge the result's rows into the file, atomically. Each row carries its run's settings;
+    a new row replaces the one of the same model, max_tokens, dtype and batch size."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    run = {k: v for k, v in result.items() if k != "rows"}
+    key = lambda r: (r["model"], r["max_tokens"], r["dtype"], r["batch_size"])  # noqa: E731
+    new_rows = [{**run, **r} for r in result["rows"]]
+    fresh = {key(r) for r in new_rows}
+    rows = [r for r in old.get("rows", []) if key(r) not in fresh] + new_rows
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"rows": sorted(rows, key=key)}, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def format_table(result: dict) -> str:
+    lines = [f"{result['model']}, {result['max_tokens']} new tokens, T=1 ({result['machine']['threads']} threads)",
+             f"{'dtype':9s} {'batch':>5s} {'engine tok/s':>13s} {'HF tok/s':>9s} {'ratio':>6s}"]
+    for r in result["rows"]:
+        lines.append(f"{r['dtype']:9s} {r['batch_size']:5d} {r['engine_tok_s']:13.1f} {r['hf_tok_s']:9.1f} {r['ratio']:5.2f}x")
+    return "\n".join(lines)

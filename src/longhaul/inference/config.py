@@ -1,0 +1,37 @@
+"""`EngineConfig`: every setting of the inference engine, with the reason for its default.
+
+Owns validation only; `LLMEngine` reads it. Names follow vLLM's engine arguments where one
+exists (block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+enable_prefix_caching, seed).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = "smollm2-135m-instruct"  # built-in name, HF directory or .gguf (a label when a model object is passed)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # fp32 matches HF exactly; bf16 is ~2x faster on AMX CPUs
+    device: str = "cpu"
+    block_size: int = Field(16, ge=1)  # tokens a KV block; vLLM's default, small enough that prefix hits are fine-grained
+    num_kv_blocks: int | None = Field(None, ge=1)  # None: sized from kv_cache_memory_gb
+    kv_cache_memory_gb: float = Field(1.0, gt=0)  # the pool is zero-filled at start, so this much memory is committed
+    max_num_seqs: int = Field(256, ge=1)  # sequences in one step (vLLM's default)
+    max_num_batched_tokens: int = Field(2048, ge=1)  # token budget a step; longer prompts are prefilled in chunks
+    max_model_len: int | None = Field(None, ge=2)  # None: the model's max_position_embeddings
+    enable_prefix_caching: bool = True  # RL groups share one prompt; the cache prefills it once
+    quantization: Literal["int8"] | None = None  # int8 weight-only projections (quant.py): half the weight bytes of bf16
+    kv_cache_dtype: Literal["auto", "int8", "int4"] = "auto"  # auto: the model dtype; int8/int4 codes via kv_quant.py
+    seed: int = 0  # seeds requests that bring none (request i gets a seed derived from this and i)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]

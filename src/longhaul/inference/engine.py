@@ -1,0 +1,296 @@
+"""`LLMEngine`: the paged inference engine behind rollouts and serving, shaped like vLLM's.
+
+Owns the request lifecycle and the step loop: add requests, `step()` (schedule, one forward,
+sample, stop), outputs, weight updates with versions, pause/resume and metrics. The parts
+live beside it: `scheduler` (who runs), `block_manager` (blocks, prefix cache), `kv_cache`
+(storage), `model_runner` (forward), `sampling` (params and sampler), `sequence` (a
+request's state). Does not own tokenization templates (callers pass text or token ids) or
+HTTP serving.
+
+    engine = LLMEngine(model="smollm2-135m-instruct", dtype="bfloat16")
+    outs = engine.generate(["Hello"], SamplingParams(max_tokens=32, temperature=0.8, seed=1))
+    outs[0].token_ids, outs[0].logprobs, outs[0].weight_version, outs[0].finish_reason
+
+RL hooks. `update_weights(tensors | path, version)` copies HF-named tensors into the runner in
+place and drops all K/V and the prefix cache (computed under the old weights); requests in
+flight re-prefill their prompt and tokens so far under the new weights and continue, so a
+rollout can span versions (partial rollouts) with `weight_version` recorded per token.
+`pause()` / `resume()` may be called from another thread: `pause()` returns once the step in
+flight (if any) has ended, and no step runs until `resume()`.
+
+Speculative decoding (`speculative_config`, driven by `spec_worker.SpecDecoder`, which takes
+over forward + sample of a scheduled step) builds on two entry points: `ModelRunner.prepare` /
+`forward` with `BatchItem(num_logits=k + 1)` scores k drafts per sequence in one forward (the
+prefill-chunk path over the existing cache), and `truncate(request_id, num_tokens)` rolls a
+sequence's K/V back to its accepted tokens.
+
+Deviations from vLLM: n = 1 only; outputs are cumulative snapshots; `generate()` drives the
+step loop itself and should not share the engine with a concurrent `step()` caller.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+
+from longhaul.errors import LonghaulError
+from longhaul.inference.block_manager import BlockManager
+from longhaul.inference.config import EngineConfig
+from longhaul.inference.kv_cache import KVCache
+from longhaul.inference.model_runner import BatchItem, ModelRunner
+from longhaul.inference.outputs import RequestOutput, output_of
+from longhaul.inference.sampling import SamplingParams, sample
+from longhaul.inference.scheduler import Scheduler
+from longhaul.inference.sequence import Sequence
+
+
+class LLMEngine:
+    def __init__(self, model="smollm2-135m-instruct", dtype: str = "float32", tokenizer=None, speculative_config=None, **kwargs):
+        """model: a name / path for `longhaul.models.load_policy`, or an HF model object (then
+        pass its tokenizer, or None to work on token ids only). speculative_config: a
+        `spec_worker.SpeculativeConfig` (or its dict) to decode speculatively. kwargs:
+        `EngineConfig` fields."""
+        if isinstance(model, (str, Path)):
+            from longhaul.models import load_policy
+
+            hf, tokenizer = load_policy(str(model))
+            label = str(model)
+        else:
+            hf, label = model, getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.config = cfg = EngineConfig(model=label, dtype=dtype, **kwargs)
+        self.tokenizer = tokenizer
+        mcfg = hf.config
+        self.max_model_len = cfg.max_model_len or mcfg.max_position_embeddings
+        self.kv = _make_kv_cache(cfg, mcfg, self.max_model_len)
+        num_blocks = self.kv.num_blocks
+        self.runner = ModelRunner(hf, self.kv, cfg.torch_dtype, cfg.device, max_positions=self.max_model_len)
+        if cfg.quantization == "int8":
+            from longhaul.inference.quant import quantize_linear
+
+            self.runner.pack_weights(quantize_linear)
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.vocab_size = self.runner.embed.shape[0]
+        self.eos_token_ids = _eos_ids(hf, tokenizer)
+        self.weight_version = 0
+        self.requests: dict[str, Sequence] = {}
+        self.prompt_tokens_total = self.generation_tokens_total = 0
+        self._num_added = 0
+        self._step_lock = threading.Lock()  # held for the whole of a step or a weight update
+        self._cond = threading.Condition()
+        self._paused = False
+        self.spec = None  # a spec_worker.SpecDecoder takes over forward + sample when set
+        if speculative_config is not None:
+            from longhaul.inference.spec_worker import SpecDecoder, SpeculativeConfig
+
+            sc = speculative_config if isinstance(speculative_config, SpeculativeConfig) else SpeculativeConfig(**speculative_config)
+            self.spec = SpecDecoder(self, sc)
+
+    # ---- requests ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> None:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise LonghaulError(f"request id {request_id!r} is already in the engine; use a unique id")
+        text = prompt if isinstance(prompt, str) else None
+        if text is not None:
+            if self.tokenizer is None:
+                raise LonghaulError("this engine has no tokenizer; pass prompts as token id lists")
+            ids = self.tokenizer.encode(text)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise LonghaulError(f"request {request_id!r} has an empty prompt; give it at least one token")
+        if len(ids) >= self.max_model_len:
+            raise LonghaulError(f"request {request_id!r} has {len(ids)} prompt tokens, at least max_model_len={self.max_model_len}; shorten it")
+        if max(ids) >= self.vocab_size or min(ids) < 0:
+            raise LonghaulError(f"request {request_id!r} has token ids outside the vocabulary [0, {self.vocab_size})")
+        if params.stop_strings and self.tokenizer is None:
+            raise LonghaulError("stop strings need a tokenizer; pass one to LLMEngine or use stop_token_ids")
+        seed = params.seed if params.seed is not None else (self.config.seed * 1_000_003 + self._num_added) % 2**63
+        seq = Sequence(request_id, ids, params, self.eos_token_ids, seed, self.max_model_len, text)
+        worst = self.block_manager.blocks_for(seq.num_prompt_tokens + seq.max_tokens)
+        if worst > self.block_manager.num_blocks:
+            raise LonghaulError(f"request {request_id!r} may need {worst} KV blocks but the pool has {self.block_manager.num_blocks}; "
+                                f"raise kv_cache_memory_gb / num_kv_blocks or lower max_tokens")
+        with self._step_lock:  # a server thread may add while another steps
+            self._num_added += 1
+            self.requests[request_id] = seq
+            self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now; returns its final output (finish_reason "abort"), or None if unknown."""
+        with self._step_lock:
+            seq = self.requests.pop(request_id, None)
+            if seq is None:
+                return None
+            if not seq.finished:
+                self.scheduler.finish(seq, "abort")
+            return output_of(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- stepping ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One scheduling step. Returns an output for every request that got a token (its
+        last one has `finished=True`); finished requests then leave the engine. Returns []
+        while paused."""
+        outs = [output_of(s) for s in self._step()]
+        for o in outs:
+            if o.finished:
+                self.requests.pop(o.request_id, None)
+        return outs
+
+    @torch.inference_mode()
+    def _step(self) -> list[Sequence]:
+        with self._step_lock:
+            if self._paused:
+                return []
+            batch = self.scheduler.schedule()
+            if not batch:
+                return []
+            if self.spec is not None:
+                return self.spec.step(batch)
+            items = []
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+                c = seq.num_computed_tokens
+                items.append(BatchItem(seq.token_ids[c:c + n], c, seq.block_table, int(c + n == seq.num_tokens)))
+            logits = self.runner.forward(self.runner.prepare(items))
+            sampling = [s for s, it in zip(batch.seqs, items) if it.num_logits]
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+                seq.num_computed_tokens += n
+                self.block_manager.cache_blocks(seq)
+            if not sampling:
+                return []
+            res = sample(logits, [s.params for s in sampling], [s.generator for s in sampling], [s.banned_tokens() for s in sampling])
+            for b, seq in enumerate(sampling):
+                if seq.num_output_tokens == 0:
+                    self.prompt_tokens_total += seq.num_prompt_tokens
+                seq.append_token(res.token_ids[b], res.logprobs[b], res.top_logprobs[b], self.weight_version, self.tokenizer)
+                self.generation_tokens_total += 1
+                if seq.finish_reason is not None:
+                    self.scheduler.finish(seq, seq.finish_reason)
+            return sampling
+
+    def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[RequestOutput]:
+        """Run prompts to completion; outputs in prompt order. Waits (does not return) while
+        the engine is paused from another thread."""
+        if prompts and isinstance(prompts[0], int):
+            raise LonghaulError("generate() takes a list of prompts; wrap a single token-id prompt in a list")
+        plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise LonghaulError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts; pass one or one a prompt")
+        ids = [f"generate-{self._num_added}-{i}" for i in range(len(prompts))]
+        for rid, prompt, p in zip(ids, prompts, plist):
+            self.add_request(rid, prompt, p)
+        seqs = [self.requests[r] for r in ids]
+        while not all(s.finished for s in seqs):  # an abort from another thread also finishes one
+            with self._cond:
+                self._cond.wait_for(lambda: not self._paused)
+            self._step()
+        for r in ids:
+            self.requests.pop(r, None)
+        return [output_of(s) for s in seqs]
+
+    def truncate(self, request_id: str, num_tokens: int) -> None:
+        """Keep the K/V of a request's first num_tokens tokens (speculative decoding rollback);
+        whole blocks past the new end are freed. The caller trims `token_ids` to match."""
+        seq = self.requests[request_id]
+        for src, dst in self.block_manager.truncate(seq, num_tokens):
+            self.kv.copy_block(src, dst)
+
+    # ---- RL hooks ------------------------------------------------------------------------
+    def pause(self) -> None:
+        """Stop stepping; returns once any step in flight has finished. Thread-safe."""
+        with self._cond:
+            self._paused = True
+        with self._step_lock:
+            pass
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def update_weights(self, weights: dict[str, torch.Tensor] | str | Path, version: int) -> int:
+        """Load HF-named tensors (a dict, a safetensors file or a directory of them) in place
+        and tag later tokens with `version`. All K/V and the prefix cache are dropped;
+        in-flight requests re-prefill under the new weights. Returns tensors loaded."""
+        tensors = weights if isinstance(weights, dict) else _read_weights(Path(weights))
+        with self._step_lock:
+            loaded = self.runner.load_weights(tensors)
+            self.scheduler.preempt_all()
+            self.block_manager.flush()
+            self.weight_version = int(version)
+        return loaded
+
+    def flush_prefix_cache(self) -> None:
+        with self._step_lock:
+            self.block_manager.flush()
+
+    def stats(self) -> dict[str, float | int]:
+        """Current gauges and counters under vLLM's metric names."""
+        bm = self.block_manager
+        return {
+            "num_requests_running": len(self.scheduler.running),
+            "num_requests_waiting": len(self.scheduler.waiting),
+            "kv_cache_usage_perc": bm.usage(),
+            "prefix_cache_queries": bm.prefix_cache_queries,
+            "prefix_cache_hits": bm.prefix_cache_hits,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+            "num_preemptions_total": self.scheduler.num_preemptions_total,
+            "weight_version": self.weight_version,
+        }
+
+
+def _make_kv_cache(cfg: EngineConfig, mcfg, max_model_len: int) -> KVCache:
+    """The KV pool: `num_kv_blocks`, else as many blocks as kv_cache_memory_gb holds (but no
+    more than max_num_seqs sequences of max_model_len need)."""
+    head_dim = getattr(mcfg, "head_dim", None) or mcfg.hidden_size // mcfg.num_attention_heads
+    shape = (mcfg.num_hidden_layers, mcfg.num_key_value_heads, head_dim)
+    if cfg.kv_cache_dtype == "auto":
+        per_token = KVCache.bytes_per_token(*shape, cfg.torch_dtype)
+    else:
+        from longhaul.inference.kv_quant import kv_bytes_per_token
+
+        per_token = kv_bytes_per_token(cfg.kv_cache_dtype, *shape, cfg.torch_dtype, cfg.block_size)
+    num_blocks = cfg.num_kv_blocks or min(int(cfg.kv_cache_memory_gb * 2**30) // (per_token * cfg.block_size),
+                                          -(-cfg.max_num_seqs * max_model_len // cfg.block_size))
+    if cfg.kv_cache_dtype == "auto":
+        return KVCache(mcfg.num_hidden_layers, num_blocks, cfg.block_size, mcfg.num_key_value_heads, head_dim, cfg.torch_dtype, cfg.device)
+    from longhaul.inference.kv_quant import make_kv_cache
+
+    return make_kv_cache(cfg.kv_cache_dtype, mcfg.num_hidden_layers, num_blocks, cfg.block_size, mcfg.num_key_value_heads,
+                         head_dim, cfg.torch_dtype, cfg.device)
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    ids = set([eos] if isinstance(eos, int) else (eos or []))
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise LonghaulError(f"{str(path)!r} holds no .safetensors files; save the weights with save_pretrained or safetensors")
+        return {k: v for f in files for k, v in load_file(f).items()}
+    if path.suffix == ".safetensors" and path.is_file():
+        return load_file(path)
+    if path.is_file():
+        return torch.load(path, map_location="cpu", weights_only=True)
+    raise LonghaulError(f"weights {str(path)!r} not found; pass a dict of tensors, a .safetensors file or a directory")

@@ -1,0 +1,246 @@
+"""The model runner: one forward of a Llama / Qwen2-family decoder over the paged KV cache.
+
+Owns the weights (copied out of the HF model into plain tensors: q/k/v fused into one matrix,
+gate/up into another, nothing shared with the HF module), the forward over a flat batch of new
+tokens (every sequence's new tokens laid end to end, no padding in the linear layers),
+attention over the paged cache with PyTorch SDPA, and logits at the requested positions only.
+Does not own which tokens run (`scheduler`), the blocks (`block_manager`) or sampling.
+
+One forward serves every kind of step. A `BatchItem` is a sequence's new tokens starting at
+position `start` over the `start` tokens already in its cache:
+- decode: one new token, one logit row;
+- a prefill chunk: many new tokens, one logit row if the chunk ends the prompt, else none;
+- speculative verification (`spec_decode`): k + 1 new tokens (the last accepted token and k
+  drafts) with `num_logits = k + 1`, the same path as a prefill chunk over an existing cache.
+  Rejected drafts are rolled back with `BlockManager.truncate` (KV slots past the new end are
+  simply overwritten later; whole blocks past it are freed).
+
+Numerics: weights and activations in `dtype` (fp32 matches HF to ~1e-6; bf16 keeps HF's bf16
+residual stream), RMSNorm by `F.rms_norm`, RoPE by `rope.Rope` / `apply_rope`, logits
+returned in float32.
+
+Extension points: every projection goes through `linear.linear(x, w, b)`, so a weight may be
+any callable `w(x) = x @ W.T`. `pack_weights()` turns the plain weights in `layers` into what
+the forward calls (`linear.pack`: oneDNN-prepacked bf16 on CPU); an INT8 weight-only linear
+(`quant.py`) can take a weight's place there. The KV storage is the `KVCache` passed in (a
+quantized subclass drops in). `attention` is one method, the place for a fused paged-attention
+kernel on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from longhaul.errors import LonghaulError
+from longhaul.inference.kv_cache import KVCache
+from longhaul.inference.linear import linear, pack
+from longhaul.inference.rope import Rope, apply_rope
+
+SUPPORTED = ("llama", "qwen2")
+
+
+@dataclass
+class BatchItem:
+    """One sequence's share of a forward."""
+
+    token_ids: list[int]  # the new tokens
+    start: int  # position of the first new token = tokens already in the cache
+    block_table: list[int]  # covering start + len(token_ids) tokens
+    num_logits: int = 1  # logits for the last num_logits new tokens
+
+
+@dataclass
+class ForwardBatch:
+    """Tensors of one forward, built once by `ModelRunner.prepare`. Decode items come first in N."""
+
+    input_ids: torch.Tensor  # (N,)
+    positions: torch.Tensor  # (N,)
+    slot_mapping: torch.Tensor  # (N,)
+    logits_indices: torch.Tensor  # (S,) rows of N, in item order
+    num_decode: int  # Bd: items with one new token, tokens [0, Bd) of N
+    decode_block_tables: torch.Tensor | None  # (Bd, nb)
+    decode_mask: torch.Tensor | None  # (Bd, 1, 1, nb * block_size), True = attend
+    chunks: list[tuple[int, int, torch.Tensor, torch.Tensor]]  # (offset in N, T, block table (1, nb), mask (G*T, L))
+
+
+class _Layer:
+    __slots__ = ("ln1", "qkv", "qkv_b", "o", "o_b", "ln2", "gate_up", "gate_up_b", "down", "down_b")
+
+
+class ModelRunner:
+    """Weights and forward of one model; `kv` is the paged cache it reads and writes."""
+
+    def __init__(self, model, kv: KVCache, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 max_positions: int | None = None):
+        cfg = model.config
+        if cfg.model_type not in SUPPORTED:
+            raise LonghaulError(f"model type {cfg.model_type!r} is not supported by the engine; supported: {', '.join(SUPPORTED)}")
+        if getattr(cfg, "hidden_act", "silu") != "silu":
+            raise LonghaulError(f"activation {cfg.hidden_act!r} is not supported by the engine; only silu (SwiGLU) is")
+        if getattr(cfg, "use_sliding_window", False):
+            raise LonghaulError("sliding-window attention is not supported by the engine; use a model with full attention")
+        self.config, self.kv, self.dtype, self.device = cfg, kv, dtype, torch.device(device)
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.group = self.num_heads // self.num_kv_heads
+        self.eps = cfg.rms_norm_eps
+        self.rope = Rope(cfg, device=self.device, max_positions=max(max_positions or 0, cfg.max_position_embeddings))
+        self._load(dict(model.state_dict()))
+        self.pack_weights()
+
+    # ---- weights -------------------------------------------------------------------------
+    def _t(self, t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(device=self.device, dtype=self.dtype, copy=True).contiguous()
+
+    def _fuse(self, sd: dict[str, torch.Tensor], *names: str) -> torch.Tensor | None:
+        """The named HF tensors stacked by rows into one plain tensor (None if absent), with
+        each name's rows recorded for `load_weights`."""
+        parts = [sd[n] for n in names if n in sd]
+        if not parts:
+            return None
+        if len(parts) != len(names):
+            raise LonghaulError(f"model has only some of {', '.join(names)}; the engine needs all or none of a fused group")
+        fused, row = self._t(torch.cat(parts)), 0
+        for name, part in zip(names, parts):
+            self._targets[name] = (fused, row, row + part.shape[0])
+            row += part.shape[0]
+        return fused
+
+    def _load(self, sd: dict[str, torch.Tensor]) -> None:
+        self._targets: dict[str, tuple[torch.Tensor, int, int]] = {}  # HF name -> (tensor, first row, end row)
+        self.embed = self._fuse(sd, "model.embed_tokens.weight")
+        self.norm = self._fuse(sd, "model.norm.weight")
+        if getattr(self.config, "tie_word_embeddings", False) or "lm_head.weight" not in sd:
+            self.lm_head = self.embed
+            self._targets["lm_head.weight"] = self._targets["model.embed_tokens.weight"]
+        else:
+            self.lm_head = self._fuse(sd, "lm_head.weight")
+        self.layers: list[_Layer] = []
+        for i in range(self.config.num_hidden_layers):
+            a, m, L = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp.", _Layer()
+            L.ln1 = self._fuse(sd, f"model.layers.{i}.input_layernorm.weight")
+            L.ln2 = self._fuse(sd, f"model.layers.{i}.post_attention_layernorm.weight")
+            L.qkv = self._fuse(sd, *(f"{a}{x}_proj.weight" for x in "qkv"))
+            L.qkv_b = self._fuse(sd, *(f"{a}{x}_proj.bias" for x in "qkv"))
+            L.o, L.o_b = self._fuse(sd, a + "o_proj.weight"), self._fuse(sd, a + "o_proj.bias")
+            L.gate_up = self._fuse(sd, m + "gate_proj.weight", m + "up_proj.weight")
+            L.gate_up_b = self._fuse(sd, m + "gate_proj.bias", m + "up_proj.bias")
+            L.down, L.down_b = self._fuse(sd, m + "down_proj.weight"), self._fuse(sd, m + "down_proj.bias")
+            self.layers.append(L)
+
+    def pack_weights(self, packer=None) -> None:
+        """Build what the forward calls from the plain weights. `packer(w, b) -> (callable or
+        tensor, bias left to add)` turns each projection into its executable form: by default
+        `linear.pack` (oneDNN-prepacked bf16 on CPU, the tensor itself otherwise), or e.g.
+        `quant.quantize_linear` for INT8 weight-only linears. The packer is kept, so
+        `load_weights` re-packs the same way. The lm_head always uses `linear.pack`."""
+        self._packer = packer = packer or getattr(self, "_packer", None) or pack
+        self._exec = []
+        for L in self.layers:
+            qkv, qkv_b = packer(L.qkv, L.qkv_b)
+            o, o_b = packer(L.o, L.o_b)
+            gate_up, gate_up_b = packer(L.gate_up, L.gate_up_b)
+            down, down_b = packer(L.down, L.down_b)
+            self._exec.append((L.ln1, qkv, qkv_b, o, o_b, L.ln2, gate_up, gate_up_b, down, down_b))
+        self._lm_head = pack(self.lm_head)[0]
+
+    @torch.no_grad()
+    def load_weights(self, tensors: dict[str, torch.Tensor]) -> int:
+        """Copy HF-named tensors into the runner's weights in place; returns how many were loaded.
+
+        Unknown names (rotary buffers aside) are an error, so a renamed checkpoint cannot load
+        silently as a no-op. A partial dict updates only the named tensors.
+        """
+        loaded = 0
+        for name, t in tensors.items():
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            if name not in self._targets:
+                raise LonghaulError(f"weight {name!r} does not belong to this {self.config.model_type} model; pass HF parameter names")
+            dst, r0, r1 = self._targets[name]
+            if not isinstance(dst, torch.Tensor):
+                raise LonghaulError(f"weight {name!r} is quantized in this engine; rebuild the engine to load new weights")
+            if tuple(t.shape) != (r1 - r0, *dst.shape[1:]):
+                raise LonghaulError(f"weight {name!r} has shape {tuple(t.shape)}, expected {(r1 - r0, *dst.shape[1:])}")
+            dst[r0:r1].copy_(t)
+            loaded += 1
+        self.pack_weights()
+        return loaded
+
+    # ---- batch ---------------------------------------------------------------------------
+    def prepare(self, items: list[BatchItem]) -> ForwardBatch:
+        """Lay the items' new tokens end to end (decode items first) and build every index and
+        mask the forward needs, once per step rather than once per layer."""
+        bs, dev = self.kv.block_size, self.device
+        order = sorted(range(len(items)), key=lambda i: len(items[i].token_ids) != 1)
+        ids, pos, slots, offset = [], [], [], {}
+        for i in order:
+            it = items[i]
+            offset[i] = len(ids)
+            ids += it.token_ids
+            for p in range(it.start, it.start + len(it.token_ids)):
+                pos.append(p)
+                slots.append(it.block_table[p // bs] * bs + p % bs)
+        logits_idx = [offset[i] + len(items[i].token_ids) - k for i in range(len(items)) for k in range(items[i].num_logits, 0, -1)]
+        dec = [items[i] for i in order if len(items[i].token_ids) == 1]
+        decode_bt = decode_mask = None
+        if dec:
+            nb = max(len(it.block_table) for it in dec)
+            decode_bt = torch.tensor([it.block_table + [0] * (nb - len(it.block_table)) for it in dec], device=dev)
+            ctx = torch.tensor([it.start + 1 for it in dec], device=dev)
+            decode_mask = (torch.arange(nb * bs, device=dev)[None, :] < ctx[:, None])[:, None, None, :]
+        chunks = []
+        for i in order[len(dec):]:
+            it = items[i]
+            t, nb = len(it.token_ids), (it.start + len(it.token_ids) + bs - 1) // bs
+            q_pos = torch.arange(it.start, it.start + t, device=dev)
+            mask = torch.arange(nb * bs, device=dev)[None, :] <= q_pos[:, None]  # (T, L) causal over the cache
+            chunks.append((offset[i], t, torch.tensor([it.block_table[:nb]], device=dev), mask.repeat(self.group, 1)))
+        as_t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
+        return ForwardBatch(as_t(ids), as_t(pos), as_t(slots), as_t(logits_idx), len(dec), decode_bt, decode_mask, chunks)
+
+    # ---- forward -------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Run the batch, write its K/V to the cache; return float32 logits (S, V) at
+        `batch.logits_indices`."""
+        h = F.embedding(batch.input_ids, self.embed)  # (N, E)
+        n, e = h.shape
+        cos, sin = self.rope.cos_sin(batch.positions)
+        cos, sin = cos.to(self.dtype), sin.to(self.dtype)  # cast once, not per layer
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        for i, (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b) in enumerate(self._exec):
+            x = F.rms_norm(h, (e,), ln1, self.eps)
+            qkv = linear(x, qkv_w, qkv_b).view(n, hq + 2 * hkv, d)
+            qk = apply_rope(qkv[:, :hq + hkv], cos, sin)  # (N, Hq + Hkv, D)
+            self.kv.write(i, batch.slot_mapping, qk[:, hq:], qkv[:, hq + hkv:])
+            h = h + linear(self.attention(i, qk[:, :hq], batch), o_w, o_b)
+            x = F.rms_norm(h, (e,), ln2, self.eps)
+            gate, up = linear(x, gu_w, gu_b).chunk(2, dim=-1)
+            h = h + linear(F.silu(gate) * up, down_w, down_b)
+        h = F.rms_norm(h.index_select(0, batch.logits_indices), (e,), self.norm, self.eps)
+        return linear(h, self._lm_head).float()
+
+    def attention(self, layer: int, q: torch.Tensor, b: ForwardBatch) -> torch.Tensor:
+        """q (N, Hq, D) over the cache (already holding this step's K/V) -> (N, Hq * D).
+
+        GQA without repeating K/V: the G query heads of a KV head are folded into the query
+        length, so SDPA sees (B, Hkv, G * T, D) against (B, Hkv, L, D).
+        """
+        hkv, g, d = self.num_kv_heads, self.group, self.head_dim
+        outs = []
+        if b.num_decode:
+            bd = b.num_decode
+            k, v = self.kv.gather(layer, b.decode_block_tables)  # (Bd, L, Hkv, D)
+            qd = q[:bd].reshape(bd, hkv, g, d)
+            o = F.scaled_dot_product_attention(qd, k.transpose(1, 2), v.transpose(1, 2), attn_mask=b.decode_mask)
+            outs.append(o.reshape(bd, hkv * g * d))
+        for off, t, table, mask in b.chunks:
+            k, v = self.kv.gather(layer, table)  # (1, L, Hkv, D)
+            qc = q[off:off + t].reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(1, hkv, g * t, d)
+            o = F.scaled_dot_product_attention(qc, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+            outs.append(o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, hkv * g * d))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)

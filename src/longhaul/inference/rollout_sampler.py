@@ -1,0 +1,90 @@
+"""The one `generate` that rollouts and evaluation call, over either generator.
+
+`generate(sampler, tok, prompts, params, seed)` takes the rollout-side `SamplingParams`
+(`max_new_tokens`, `temperature`, `top_p`, `stop`) and returns `Completion`s, whether
+`sampler` is an `LLMEngine` (the default for training and evaluation runs) or a plain HF model
+(the compact `hf_sampler`, kept for callers that hold only a model). With the engine, request i
+of a call gets the seed derived from (seed, i), so a call is reproducible whatever ran before.
+
+`make_engine(model, tok, dtype)` builds the rollout engine for a policy, and
+`sync_weights(engine, policy, version)` copies a (possibly LoRA-wrapped) policy's current
+weights into it, merging adapters on the fly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from longhaul.inference.engine import LLMEngine
+from longhaul.inference.hf_sampler import Completion, SamplingParams
+from longhaul.inference.hf_sampler import generate as hf_generate
+from longhaul.inference.sampling import SamplingParams as EngineParams
+
+
+def generate(sampler, tok, prompts: list[list[int]], params: SamplingParams, seed: int = 0) -> list[Completion]:
+    if not isinstance(sampler, LLMEngine):
+        return hf_generate(sampler, tok, prompts, params, seed=seed)
+    if not prompts or any(len(x) == 0 for x in prompts):
+        raise ValueError("every prompt needs at least one token")
+    reqs = [EngineParams(max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                         stop=list(params.stop) or None, include_stop_str_in_output=True, skip_special_tokens=False,
+                         seed=(seed * 1_000_003 + i) % (2 ** 63)) for i in range(len(prompts))]
+    outs = sampler.generate([list(p) for p in prompts], reqs)
+    return [Completion(list(o.token_ids), list(o.logprobs), "length" if o.finish_reason == "length" else "stop") for o in outs]
+
+
+def context_length(sampler) -> int:
+    """The longest prompt + completion the sampler serves."""
+    if isinstance(sampler, LLMEngine):
+        return sampler.max_model_len
+    return sampler.config.max_position_embeddings
+
+
+def merged_state_dict(policy) -> dict[str, torch.Tensor]:
+    """HF-named weights of a policy; LoRA adapters are folded into their base weights."""
+    from longhaul.models.lora import is_lora, unwrap
+
+    if not is_lora(policy):
+        return policy.state_dict()
+    model = unwrap(policy)
+    out = {}
+    for name, module in model.named_modules():
+        if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight"):
+            with torch.no_grad():
+                w = module.base_layer.weight.detach()
+                for adapter in module.active_adapters:
+                    w = w + module.get_delta_weight(adapter)
+            out[f"{name}.weight"] = w
+            if module.base_layer.bias is not None:
+                out[f"{name}.bias"] = module.base_layer.bias.detach()
+    for name, t in model.state_dict().items():
+        if "lora_" in name or ".base_layer." in name:
+            continue
+        out.setdefault(name, t)
+    return out
+
+
+def make_engine(model, tok, dtype: str = "bfloat16", **engine_kwargs) -> LLMEngine:
+    """A rollout engine holding `model`'s current weights (LoRA merged), in `dtype`."""
+    from longhaul.models.lora import is_lora
+
+    if is_lora(model):
+        from longhaul.models.lora import unwrap
+
+        engine = LLMEngine(model=_plain_copy(unwrap(model)), dtype=dtype, tokenizer=tok, **engine_kwargs)
+        engine.update_weights(merged_state_dict(model), version=0)
+        return engine
+    return LLMEngine(model=model, dtype=dtype, tokenizer=tok, **engine_kwargs)
+
+
+def _plain_copy(model):
+    """A plain HF model of the same architecture (the engine only reads its config and weights)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        shell = AutoModelForCausalLM.from_config(model.config)
+    return shell.to_empty(device="cpu")
+
+
+def sync_weights(engine: LLMEngine, policy, version: int) -> None:
+    engine.update_weights(merged_state_dict(policy), version)

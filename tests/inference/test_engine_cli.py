@@ -1,0 +1,40 @@
+"""`longhaul generate` and `longhaul bench engine` through the real command, on a tiny model."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run([sys.executable, "-m", "longhaul.cli", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_generate_prints_json_lines(tmp_path):
+    r = run_cli("generate", "--model", "tiny-llama", "--prompt", "hi", "--prompt", "def f", "--max-tokens", "5", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["prompt"] for row in rows] == ["hi", "def f"]
+    assert all(len(row["token_ids"]) == len(row["logprobs"]) == len(row["weight_version"]) <= 5 for row in rows)
+
+
+def test_generate_without_prompts_is_one_error_line(tmp_path):
+    r = run_cli("generate", "--model", "tiny-llama", cwd=tmp_path)
+    assert r.returncode != 0 and r.stderr.strip().startswith("error: no prompts") and "Traceback" not in r.stderr
+
+
+def test_bench_engine_writes_merged_results(tmp_path):
+    args = ("bench", "engine", "--model", "tiny-llama", "--batch-sizes", "1,2", "--max-tokens", "4", "--repeats", "1")
+    r = run_cli(*args, "--dtype", "float32", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert [(row["batch_size"], row["engine_tokens"], row["hf_tokens"]) for row in out["rows"]] == [(1, 4, 4), (2, 8, 8)]
+    assert "bench engine:" in r.stderr  # progress goes to stderr
+    r = run_cli(*args, "--dtype", "bfloat16", cwd=tmp_path)
+    assert r.returncode == 0 and "ratio" in r.stdout
+    saved = json.loads((tmp_path / "benchmarks" / "results" / "engine.json").read_text())
+    assert sorted((row["dtype"], row["batch_size"]) for row in saved["rows"]) == [("bfloat16", 1), ("bfloat16", 2), ("float32", 1), ("float32", 2)]

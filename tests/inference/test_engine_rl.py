@@ -1,0 +1,121 @@
+"""RL hooks: versioned weight updates, pause/resume from another thread, partial rollouts."""
+
+import threading
+import time
+
+import pytest
+import torch
+from test_engine import lively
+
+from longhaul.errors import LonghaulError
+from longhaul.inference import LLMEngine
+from longhaul.inference.sampling import SamplingParams
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Two shared cores: one intra-op thread time-shares better; restored after the module."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+PROMPTS = ["def fib(n):\n    return", "hello there", "a much longer prompt with several words"]
+
+
+@pytest.fixture(scope="module")
+def models():
+    old, tok = lively("tiny-qwen2")
+    new, _ = lively("tiny-qwen2")
+    with torch.no_grad():
+        for p in new.parameters():  # a "trained" policy: every weight moved
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+    return old, new, tok
+
+
+def greedy(n=16):
+    return SamplingParams(temperature=0, max_tokens=n)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_update_weights_equals_a_fresh_engine(models, tmp_path, dtype):
+    old, new, tok = models
+    fresh = [o.token_ids for o in LLMEngine(new, dtype=dtype, tokenizer=tok, num_kv_blocks=64).generate(PROMPTS, greedy())]
+    eng = LLMEngine(old, dtype=dtype, tokenizer=tok, num_kv_blocks=64)
+    before = [o.token_ids for o in eng.generate(PROMPTS, greedy())]
+    assert before != fresh
+    assert eng.update_weights(new.state_dict(), version=1) > 0
+    outs = eng.generate(PROMPTS, greedy())
+    assert [o.token_ids for o in outs] == fresh and all(o.weight_version == [1] * len(o.token_ids) for o in outs)
+    assert eng.stats()["weight_version"] == 1
+    old.save_pretrained(tmp_path)  # and back, from a safetensors directory
+    eng.update_weights(tmp_path, version=2)
+    assert [o.token_ids for o in eng.generate(PROMPTS, greedy())] == before
+
+
+def test_update_drops_the_prefix_cache(models):
+    old, new, tok = models
+    eng = LLMEngine(old, tokenizer=tok, num_kv_blocks=64, block_size=2)
+    eng.generate(PROMPTS[:1], greedy())
+    eng.update_weights(new.state_dict(), version=1)
+    hits = eng.stats()["prefix_cache_hits"]
+    eng.generate(PROMPTS[:1], greedy())
+    assert eng.stats()["prefix_cache_hits"] == hits  # nothing computed under the old weights is reused
+
+
+def test_bad_weights_are_refused(models):
+    old, _, tok = models
+    eng = LLMEngine(old, tokenizer=tok, num_kv_blocks=16)
+    with pytest.raises(LonghaulError, match="does not belong"):
+        eng.update_weights({"model.layers.0.attn.nope": torch.zeros(1)}, 1)
+    with pytest.raises(LonghaulError, match="shape"):
+        eng.update_weights({"model.norm.weight": torch.zeros(3)}, 1)
+    eng.update_weights({"model.norm.weight": torch.full_like(old.model.norm.weight, 2.0)}, 1)  # a partial update
+    assert torch.all(eng.runner.norm == 2.0)
+
+
+def continuation(new, tok, prompt_ids, n):
+    """What the new weights produce greedily after prompt_ids (prompt + tokens so far)."""
+    return LLMEngine(new, tokenizer=tok, num_kv_blocks=64).generate([prompt_ids], greedy(n))[0].token_ids
+
+
+def test_pause_update_resume_continues_in_flight_requests(models):
+    old, new, tok = models
+    eng = LLMEngine(old, tokenizer=tok, num_kv_blocks=64)
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(str(i), p, greedy(12))
+    for _ in range(5):
+        eng.step()
+    eng.pause()
+    assert eng.step() == []  # paused: nothing runs
+    eng.update_weights(new.state_dict(), version=7)
+    eng.resume()
+    final = {}
+    while eng.has_unfinished_requests():
+        final.update({o.request_id: o for o in eng.step() if o.finished})
+    for i, p in enumerate(PROMPTS):
+        o = final[str(i)]
+        assert o.weight_version == [0] * 5 + [7] * 7
+        assert o.token_ids[5:] == continuation(new, tok, tok.encode(p) + o.token_ids[:5], 7)
+
+
+def test_pause_from_another_thread_mid_generate(models):
+    old, new, tok = models
+    eng = LLMEngine(old, tokenizer=tok, num_kv_blocks=64)
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(outs=eng.generate(PROMPTS, greedy(40))))
+    worker.start()
+    while eng.stats()["generation_tokens_total"] < 6:
+        time.sleep(0.001)
+    eng.pause()
+    paused_at = eng.stats()["generation_tokens_total"]
+    time.sleep(0.05)
+    assert eng.stats()["generation_tokens_total"] == paused_at  # the generate loop waits
+    eng.update_weights(new.state_dict(), version=1)
+    eng.resume()
+    worker.join(timeout=60)
+    assert not worker.is_alive()
+    for p, o in zip(PROMPTS, result["outs"]):
+        k = o.weight_version.index(1)
+        assert o.weight_version == [0] * k + [1] * (len(o.token_ids) - k) and 0 < k < 40
+        assert o.token_ids[k:] == continuation(new, tok, tok.encode(p) + o.token_ids[:k], 40 - k)
