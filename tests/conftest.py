@@ -17,3 +17,19 @@ def checked_families():
     from longhaul.eval.envcheck import run_envcheck
 
     run_envcheck(["echo", "funcgen"], n=6)
+
+
+@pytest.fixture(autouse=True)
+def one_thread_for_tiny_models(request):
+    """Tiny models spend more on thread hand-offs than on maths, and the sandbox tests run
+    subprocesses beside them: one torch thread is faster on 2 cores and never oversubscribes.
+    Slow tests (the real SmolLM2) keep every core."""
+    import torch
+
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -40,6 +40,7 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # sampler copy of the weights; bf16 is ~1.6x faster on AVX512-BF16
+    sampler: Literal["engine", "hf"] = "engine"  # the paged engine (prefix cache: a group's prompt is prefilled once), or the HF sampler
     exec_timeout_s: float = Field(5.0, gt=0)  # hidden tests of one completion
     exec_workers: int = Field(2, ge=1)
     max_turns: int = Field(8, ge=1)  # assistant replies per episode of a multi-turn (workspace) family

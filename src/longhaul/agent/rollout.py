@@ -11,7 +11,7 @@ import time
 
 from longhaul.agent.loop import AgentConfig, ModelPolicy, run_episodes
 from longhaul.agent.single_turn import run_groups
-from longhaul.inference import SamplingParams
+from longhaul.inference import SamplingParams, context_length
 from longhaul.types import Trajectory
 
 
@@ -41,7 +41,7 @@ def rollout_groups(model, tok, family, tasks, group_size: int, params: SamplingP
 
     policy = TimedPolicy(ModelPolicy(model, tok, version=version, seed=seed))
     agent = AgentConfig(max_turns=max_turns, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                        top_p=params.top_p, max_tokens=max_tokens or model.config.max_position_embeddings,
+                        top_p=params.top_p, max_tokens=max_tokens or context_length(model),
                         workers=2 * exec_workers)
     flat = [t for t in tasks for _ in range(group_size)]
     t0 = time.perf_counter()

@@ -25,7 +25,7 @@ from longhaul.errors import LonghaulError
 from longhaul.eval.envcheck import require_checked
 from longhaul.eval.passrate import EvalResult, compare, evaluate
 from longhaul.eval.report import write_report
-from longhaul.inference import SamplingParams
+from longhaul.inference import LLMEngine, SamplingParams, make_engine, sync_weights
 from longhaul.models import load_frozen, load_policy
 from longhaul.models.lora import apply_lora
 from longhaul.rl.checkpoint import list_checkpoints, load_trainer_state, load_weights, save_checkpoint, set_rng_state
@@ -96,6 +96,14 @@ def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
             f"of {context}; lower rollout.max_new_tokens / eval.max_new_tokens or raise model.context_length"
         )
     return Prepared(cfg, family, policy, tok, train_tasks, heldout)
+
+
+def _make_sampler(cfg: RunConfig, policy, tok):
+    """What rollouts sample from: the paged engine holding a copy of the policy's weights in
+    rollout.dtype (the default), or for rollout.sampler=hf the HF model (a bf16 copy)."""
+    if cfg.rollout.sampler == "engine":
+        return make_engine(policy, tok, cfg.rollout.dtype, max_model_len=cfg.model.context_length)
+    return frozen_copy(policy, torch.bfloat16) if cfg.rollout.dtype == "bfloat16" else policy
 
 
 def _usable(family, split: str, n: int, cfg: RunConfig, excluded: set[str]) -> list:
@@ -172,15 +180,14 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         set_rng_state(state["rng"])
         start = state["step"]
         console.print(f"resuming from {ckpt} (step {start})")
-    sampler = frozen_copy(policy, torch.bfloat16) if cfg.rollout.dtype == "bfloat16" else policy
+    sampler = _make_sampler(cfg, policy, tok)
     log = MetricsLog(run_dir, cfg.log.tensorboard, resume_step=start if resume else None)
     if start < cfg.train.steps:  # results of an earlier, shorter run describe other weights
         (run_dir / "eval_trained.json").unlink(missing_ok=True)
     base = None
     if cfg.eval.before_after:
         # a resumed run normally finds the base result on disk; if not, the base weights are reloaded
-        dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else None
-        base_model = (lambda: sampler) if ckpt is None else (lambda: frozen_copy(load_policy(cfg.model.name)[0], dtype))
+        base_model = (lambda: sampler) if ckpt is None else (lambda: _make_sampler(cfg, load_policy(cfg.model.name)[0], tok))
         base = evaluate_heldout(prep, base_model, "base", run_dir / "eval_base.json")
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                             top_p=cfg.rollout.top_p, stop=family.stop, batch_size=64)
@@ -195,7 +202,9 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
                                          max_tokens=cfg.model.context_length, exec_timeout_s=cfg.rollout.exec_timeout_s,
                                          exec_workers=cfg.rollout.exec_workers)
             m = trainer.step(groups)
-            if sampler is not policy:
+            if isinstance(sampler, LLMEngine):
+                sync_weights(sampler, policy, version=step)
+            elif sampler is not policy:
                 sampler.load_state_dict(policy.state_dict())
             metrics = _step_metrics(groups, gen, m, time.perf_counter() - t0)
             log.write(step, metrics)
