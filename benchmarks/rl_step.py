@@ -3,8 +3,9 @@
 Same prompts, reward and settings as `../shared/anchors/trl_grpo_bench.py` (1 prompt x 8
 completions of <= 128 tokens, temperature 1.0, beta 0.04 with the k3 KL, clip 0.2, lr 1e-6,
 token-mean loss, groups with equal rewards still trained, as TRL does). longhaul runs twice:
-fp32 everywhere (TRL's maths and dtype) and its defaults (bf16 sampler copy, bf16 autocast
-with fp32 master weights). TRL runs in the anchor environment built by
+fp32 everywhere (TRL's maths and dtype) and its defaults (the paged engine in bf16 as the
+sampler, bf16 autocast with fp32 master weights); both sample with longhaul's engine, as
+`longhaul train` does. TRL runs in the anchor environment built by
 `../shared/anchors/setup.sh` (WITH_VLLM=0 is enough).
 
     python benchmarks/rl_step.py [--steps 4] [--anchors ~/.cache/longhaul-anchors]
@@ -22,13 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 from longhaul.agent.single_turn import run_groups
 from longhaul.config import AlgoConfig, TrainConfig
-from longhaul.inference import SamplingParams
+from longhaul.inference import SamplingParams, make_engine, sync_weights
 from longhaul.models import load_policy
-from longhaul.rl.grpo import GRPOTrainer, frozen_copy
+from longhaul.rl.grpo import GRPOTrainer
 from longhaul.types import Score
 
 HERE = Path(__file__).resolve().parent
@@ -55,15 +55,14 @@ def ours(steps: int, fast: bool) -> list[float]:
     algo = AlgoConfig(kl_coef=0.04, clip_low=0.2, clip_high=0.2, drop_zero_std_groups=False)
     train = TrainConfig(lr=1e-6, micro_batch=8, autocast="bfloat16" if fast else "none", share_prompt=True)
     trainer = GRPOTrainer(model, tok.pad_token_id, algo, train, temperature=1.0, max_new_tokens=128)
-    sampler = frozen_copy(model, torch.bfloat16) if fast else model
+    sampler = make_engine(model, tok, "bfloat16" if fast else "float32")  # the rollout engine, as `longhaul train` uses
     params = SamplingParams(max_new_tokens=128, temperature=1.0)
     times = []
     for step in range(steps):
         t0 = time.perf_counter()
         groups, _ = run_groups(sampler, tok, ToyFamily, [Task(step)], params, 8, seed=step, version=step)
         trainer.step(groups)
-        if sampler is not model:
-            sampler.load_state_dict(model.state_dict())
+        sync_weights(sampler, model, version=step + 1)
         times.append(time.perf_counter() - t0)
         print(f"longhaul ({'bf16' if fast else 'fp32'}) step {step + 1}: {times[-1]:.1f}s", file=sys.stderr, flush=True)
     return times
@@ -89,7 +88,7 @@ def main():
     args = ap.parse_args()
     runs = {"TRL GRPOTrainer 1.x, fp32 (anchor)": trl(args.steps, Path(args.anchors)),
             "longhaul GRPO, fp32": ours(args.steps, fast=False),
-            "longhaul GRPO, bf16 sampler + autocast": ours(args.steps, fast=True)}
+            "longhaul GRPO, bf16 engine + autocast": ours(args.steps, fast=True)}
     # the first step pays one-off warm-up in both systems; report the median of the rest
     med = {k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in runs.items()}
     anchor = med["TRL GRPOTrainer 1.x, fp32 (anchor)"]
