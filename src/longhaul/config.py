@@ -28,6 +28,7 @@ class ModelConfig(Section):
 class TaskConfig(Section):
     family: str = "funcgen"  # a built-in family, or your own as package.module:Name (docs/custom-tasks.md)
     reward: str | None = None  # package.module:function (completions, tasks) -> rewards, replacing the family's verifier
+    reward_model: str | None = None  # checkpoint/export of an `algo.name: rm` run: its score is the reward (RLHF); pass/fail stays the verifier's
     require_envcheck: bool = True  # refuse a family without a current, passing `longhaul envcheck` manifest entry
     difficulty: int = Field(1, ge=1, le=3)  # 1 plain, 2 one extra condition, 3 composed + edge case
     subfamilies: list[str] | None = None  # None: all sub-families of the family
@@ -72,6 +73,8 @@ class AlgoConfig(Section):
     tis_cap: float | None = Field(None, gt=0)  # truncated importance weight vs the sampler's logprobs; None: off
     overlong_buffer: int = Field(0, ge=0)  # DAPO soft overlong punishment over the last N tokens; 0: off
     overlong_penalty: float = Field(1.0, ge=0)
+    dynamic_sampling: bool = False  # DAPO: replace groups whose rewards are all equal with fresh prompts' groups
+    max_refill_rounds: int = Field(3, ge=1)  # extra rollout rounds a step may spend refilling
     mask_truncated: bool = False  # DAPO: samples cut at max_new_tokens get no loss (they still shape the group baseline)
     kl_warn: float = Field(1.0, gt=0)  # warn when the mean KL to the reference exceeds this
     entropy_warn: float = Field(0.01, ge=0)  # warn when the mean token entropy falls below this (collapse)

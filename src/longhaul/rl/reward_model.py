@@ -126,3 +126,27 @@ def as_reward_function(rm: RewardModel, tok):
         texts = [(p or "") + c for p, c in zip(prompts or [""] * len(completions), completions)]
         return rm([tok(t, add_special_tokens=False).input_ids or [tok.pad_token_id] for t in texts]).tolist()
     return reward
+
+
+def reward_model_family(base, path: str | Path):
+    """`base` (a single-turn task family) rewarded by a trained reward model: the reward of a reply
+    is the model's score of (the task's chat prompt, the reply); pass/fail and the status still
+    come from the family's own verifier, so pass rates stay comparable. The RLHF path."""
+    from dataclasses import replace
+
+    from longhaul.errors import LonghaulError
+    from longhaul.rl.data import encode_prompt_completion
+    from longhaul.types import Score
+
+    if base.kind != "answer":
+        raise LonghaulError(f"a reward model scores single-turn replies; family {base.name!r} is multi-turn (its env verifies)")
+    rm, tok = load_reward_model(path)
+
+    @torch.no_grad()
+    def score_many(tasks, replies, **kw):
+        verdicts = base.score_many(tasks, replies, **kw)
+        seqs = [encode_prompt_completion(tok, [{"role": "user", "content": t.prompt}], r)[0] for t, r in zip(tasks, replies)]
+        rewards = torch.cat([rm(seqs[i:i + 16]) for i in range(0, len(seqs), 16)]).tolist()
+        return [Score(float(r), v.passed, v.status) for r, v in zip(rewards, verdicts)]
+
+    return replace(base, score_many=score_many)

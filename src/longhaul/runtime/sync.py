@@ -73,7 +73,11 @@ def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
     excluded = require_checked(family) if cfg.task.require_envcheck and training else set()
     if cfg.task.reward:
         family = reward_family(family, cfg.task.reward)
-    n_train = cfg.train.steps * cfg.rollout.prompts_per_step
+    if cfg.task.reward_model:
+        from longhaul.rl.reward_model import reward_model_family
+
+        family = reward_model_family(family, cfg.task.reward_model)
+    n_train = cfg.train.steps * cfg.rollout.prompts_per_step * (1 + (cfg.algo.max_refill_rounds if cfg.algo.dynamic_sampling else 0))  # refills draw extra tasks
     try:
         train_tasks = _usable(family, "train", n_train, cfg, excluded) if n_train else []
         heldout = _usable(family, "heldout", cfg.eval.n_tasks, cfg, excluded) if cfg.eval.before_after else []
@@ -141,6 +145,36 @@ def evaluate_heldout(prep: Prepared, make_model, label: str, path: Path, samples
     return res
 
 
+def _collect(cfg: RunConfig, prep: Prepared, sampler, params, step: int, cursor: int):
+    """This step's groups from the next prompts_per_step tasks. With algo.dynamic_sampling
+    (DAPO), groups whose rewards are all equal carry no gradient: they are replaced by groups of
+    further tasks, for up to algo.max_refill_rounds extra rounds. Returns (groups, timings, cursor)."""
+    P = cfg.rollout.prompts_per_step
+
+    def roll(tasks, round_):
+        return rollout_groups(sampler, prep.tok, prep.family, tasks, cfg.rollout.group_size, params,
+                              seed=cfg.seed * 1_000_003 + step + 7919 * round_, version=step - 1, max_turns=cfg.rollout.max_turns,
+                              max_tokens=cfg.model.context_length, exec_timeout_s=cfg.rollout.exec_timeout_s,
+                              exec_workers=cfg.rollout.exec_workers)
+
+    groups, gen = roll(prep.train_tasks[cursor:cursor + P], 0)
+    cursor += P
+    if not cfg.algo.dynamic_sampling:
+        return groups, gen, cursor
+    varied = lambda gs: [g for g in gs if len({t.reward for t in g}) > 1]
+    kept, sampled, rounds = varied(groups), len(groups), 0
+    while len(kept) < P and rounds < cfg.algo.max_refill_rounds and cursor < len(prep.train_tasks):
+        rounds += 1
+        more = prep.train_tasks[cursor:cursor + P - len(kept)]
+        cursor += len(more)
+        extra, g2 = roll(more, rounds)
+        gen = {k: gen[k] + g2[k] for k in gen}
+        kept += varied(extra)
+        sampled += len(extra)
+    gen.update({"dynamic_sampling/groups_sampled": sampled, "dynamic_sampling/refill_rounds": rounds})
+    return (kept[:P] or groups), gen, cursor
+
+
 def _step_metrics(groups, gen: dict, m: dict, step_time: float) -> dict:
     trajs = [t for g in groups for t in g]
     lens = [t.completion_len for t in trajs]
@@ -151,6 +185,7 @@ def _step_metrics(groups, gen: dict, m: dict, step_time: float) -> dict:
         "completions/min_length": min(lens),
         "completions/max_length": max(lens),
         "completions/clipped_ratio": sum(bool(t.turns) and t.turns[-1].finish_reason == "length" for t in trajs) / len(trajs),
+        **{k: v for k, v in gen.items() if k.startswith("dynamic_sampling/")},
         "timing/gen": gen["timing/gen"],
         "timing/score": gen["timing/score"],
         "step_time": step_time,
@@ -172,13 +207,14 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     if t.lora_r:
         policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
     trainer = ONLINE.get_fn(cfg.algo.name)(cfg, policy, tok)
-    start = 0
+    start = cursor = 0  # cursor: train tasks consumed so far (the data position)
     if ckpt is not None:
         load_weights(policy, ckpt)
         state = load_trainer_state(ckpt)
         trainer.load_state_dict(state)
         set_rng_state(state["rng"])
         start = state["step"]
+        cursor = state.get("data_position", start * cfg.rollout.prompts_per_step)
         console.print(f"resuming from {ckpt} (step {start})")
     sampler = _make_sampler(cfg, policy, tok)
     log = MetricsLog(run_dir, cfg.log.tensorboard, resume_step=start if resume else None)
@@ -191,16 +227,11 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         base = evaluate_heldout(prep, base_model, "base", run_dir / "eval_base.json")
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                             top_p=cfg.rollout.top_p, stop=family.stop, batch_size=64)
-    P = cfg.rollout.prompts_per_step
     with progress_bar(cfg.log.progress) as prog:
         bar = prog.add_task("train", total=cfg.train.steps, completed=start, info="")
         for step in range(start + 1, cfg.train.steps + 1):
             t0 = time.perf_counter()
-            tasks = prep.train_tasks[(step - 1) * P: step * P]
-            groups, gen = rollout_groups(sampler, tok, family, tasks, cfg.rollout.group_size, params,
-                                         seed=cfg.seed * 1_000_003 + step, version=step - 1, max_turns=cfg.rollout.max_turns,
-                                         max_tokens=cfg.model.context_length, exec_timeout_s=cfg.rollout.exec_timeout_s,
-                                         exec_workers=cfg.rollout.exec_workers)
+            groups, gen, cursor = _collect(cfg, prep, sampler, params, step, cursor)
             m = trainer.step(groups)
             if isinstance(sampler, LLMEngine):
                 sync_weights(sampler, policy, version=step)
@@ -217,7 +248,7 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
             prog.update(bar, advance=1, info=info)
             if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
                 save_checkpoint(run_dir / "checkpoints", step, policy, tok,
-                                {**trainer.state_dict(), "data_position": step * P}, cfg.train.keep_last)
+                                {**trainer.state_dict(), "data_position": cursor}, cfg.train.keep_last)
     log.close()
     result = {"run_dir": str(run_dir), "steps": cfg.train.steps}
     comparison = None
