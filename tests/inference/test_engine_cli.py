@@ -35,6 +35,6 @@ def test_bench_engine_writes_merged_results(tmp_path):
     assert [(row["batch_size"], row["engine_tokens"], row["hf_tokens"]) for row in out["rows"]] == [(1, 4, 4), (2, 8, 8)]
     assert "bench engine:" in r.stderr  # progress goes to stderr
     r = run_cli(*args, "--dtype", "bfloat16", cwd=tmp_path)
-    assert r.returncode == 0 and "ratio" in r.stdout
+    assert r.returncode == 0 and "vs HF" in r.stdout
     saved = json.loads((tmp_path / "benchmarks" / "results" / "engine.json").read_text())
     assert sorted((row["dtype"], row["batch_size"]) for row in saved["rows"]) == [("bfloat16", 1), ("bfloat16", 2), ("float32", 1), ("float32", 2)]
