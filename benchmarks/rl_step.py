@@ -23,7 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from longhaul.agent.single_turn import run_groups
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.inference import SamplingParams, make_engine, sync_weights
