@@ -14,14 +14,6 @@ from longhaul.inference.sampling import SamplingParams
 from longhaul.models import load_policy
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two shared cores: one intra-op thread time-shares better; restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 TEXTS = ["hello there", "a much longer prompt with several words in it, long enough for blocks", "x",
          "def fib(n):\n    return", "hello there, general kenobi"]

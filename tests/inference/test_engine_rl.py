@@ -12,14 +12,6 @@ from longhaul.inference import LLMEngine
 from longhaul.inference.sampling import SamplingParams
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two shared cores: one intra-op thread time-shares better; restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 PROMPTS = ["def fib(n):\n    return", "hello there", "a much longer prompt with several words"]
 
 

@@ -10,14 +10,6 @@ from longhaul.inference import LLMEngine
 from longhaul.inference.sampling import SamplingParams, apply_min_p, apply_top_k, apply_top_p, process_logits, sample
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two shared cores: one intra-op thread time-shares better; restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 NEG = float("-inf")
 
 

@@ -268,7 +268,6 @@ def _lively(name: str, noise: float = 0.0):
 
 @pytest.fixture(scope="module")
 def target():
-    torch.set_num_threads(1)  # two shared cores: one thread time-shares better
     model, tok = _lively("tiny-llama")
     return model, tok, [tok.encode(t) for t in TEXTS]
 

@@ -18,15 +18,6 @@ from longhaul.types import Trajectory, Turn
 NAMES = ["forward_kl", "reverse_kl", "jsd"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models gain nothing from a second intra-op thread, and on a shared machine its
-    synchronisation makes the learning checks several times slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 # ---- the divergences against plain loops ---------------------------------------------------------
 

@@ -21,15 +21,6 @@ METRICS = ("reward", "reward_std", "frac_reward_zero_std", "kl", "kl_coef", "ent
            "timing/update_actor")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The tiny model's ops are far too small to gain from intra-op threads, and on a shared,
-    loaded machine their spin-waits make a step ~50x slower; restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _gae_loop(rewards, values, mask, gamma, lam):
     """Plain-Python GAE that visits only the mask-1 positions of each row."""

@@ -31,7 +31,7 @@ from longhaul.models.lora import unwrap
 from longhaul.rl.grpo import GRPOTrainer, padded_rows
 from longhaul.rl.logprobs import autocast_ctx, right_pad
 from longhaul.rl.losses import aggregate, entropy_bonus, truncated_is_weight
-from longhaul.rl.optim import clip_and_step, make_optimizer
+from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
 from longhaul.rl.registry import Registry
 from longhaul.types import Trajectory
 
@@ -122,7 +122,7 @@ def _logits_at(model, ids, attn, sel, autocast: str, width: int):
     return logits[:, :width].float()
 
 
-class DistillTrainer:
+class DistillTrainer(OptimizerState):
     """Offline distillation on teacher logits over SFT-style batches: lists of (ids, mask),
     mask 1 on the tokens to learn (assistant tokens). The loss is the per-token divergence
     summed over loss tokens / the batch's count of loss tokens, so micro-batch accumulation
@@ -135,13 +135,6 @@ class DistillTrainer:
         self.width = check_vocab(output_width(student), output_width(teacher), vocab_size)
         self.teacher.eval()
         self.optimizer, self.scheduler = make_optimizer(student.parameters(), train)
-
-    def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
 
     def _chunk(self, seqs):
         """Per-token divergence (N,), student log-prob of each target (N,) and the teacher's (N,, no grad)."""

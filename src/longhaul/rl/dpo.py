@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from longhaul.rl.data import encode_prompt_completion
-from longhaul.rl.optim import clip_and_step, make_optimizer
+from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
 from longhaul.rl.registry import Registry
 from longhaul.rl.sft import masked_logprobs
 
@@ -57,7 +57,7 @@ def sequence_logprobs(model, seqs, pad_id: int, autocast: str = "none", mean: bo
     return total / mask.sum(-1).clamp(min=1) if mean else total
 
 
-class DPOTrainer:
+class DPOTrainer(OptimizerState):
     """DPO on items ((chosen ids, mask), (rejected ids, mask)). The reference is the model as it
     is at construction (the base weights; with LoRA the adapters are still zero), scored once
     over every item the run will see, so no reference model stays in memory."""
@@ -74,13 +74,6 @@ class DPOTrainer:
         self._ref = {id(item): (c, r) for item, c, r in zip(items, ref_c, ref_r)}
         self._items = items  # keeps the ids above valid
         self.optimizer, self.scheduler = make_optimizer(model.parameters(), train)
-
-    def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
 
     def _score(self, items: list) -> tuple[torch.Tensor, torch.Tensor]:
         """Sequence scores (N,) of every chosen and every rejected answer, in micro-batches."""

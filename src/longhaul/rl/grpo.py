@@ -19,7 +19,7 @@ import torch
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.rl.advantages import ADVANTAGES
 from longhaul.rl.logprobs import completion_logprobs, shared_prompt_logprobs
-from longhaul.rl.optim import clip_and_step, make_optimizer
+from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
 from longhaul.rl.losses import KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_bonus, overlong_penalty, truncated_is_weight
 from longhaul.types import Trajectory
 
@@ -58,7 +58,7 @@ def _turn_rewards(groups: list[list[Trajectory]], rewards: torch.Tensor, infra: 
     return r, m
 
 
-class GRPOTrainer:
+class GRPOTrainer(OptimizerState):
     def __init__(self, policy, pad_id: int, algo: AlgoConfig, train: TrainConfig, temperature: float = 1.0, max_new_tokens: int = 128):
         self.policy, self.pad_id, self.algo, self.train_cfg, self.temperature = policy, pad_id, algo, train, temperature
         self.max_new_tokens = max_new_tokens
@@ -68,13 +68,6 @@ class GRPOTrainer:
         # With kl_coef 0 no reference model is built at all (saves its memory and forward).
         self.ref = frozen_copy(policy) if algo.kl_coef > 0 else None
         self.optimizer, self.scheduler = make_optimizer(policy.parameters(), train)
-
-    def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
 
     def select(self, groups: list[list[Trajectory]]):
         """Rewards, their group std, and the training sequences with their advantages.

@@ -38,3 +38,15 @@ def clip_and_step(params, optimizer, scheduler, max_norm: float, loss_value: flo
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     return grad_norm.item()
+
+
+class OptimizerState:
+    """`state_dict` / `load_state_dict` of a trainer whose resumable state is `self.optimizer`
+    and `self.scheduler` (trainers with more state extend both)."""
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from longhaul.rl.logprobs import autocast_ctx, right_pad
-from longhaul.rl.optim import clip_and_step, make_optimizer
+from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
 
 
 class RewardModel(nn.Module):
@@ -38,20 +38,13 @@ def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torc
     return -F.logsigmoid(r_chosen - r_rejected)
 
 
-class RewardTrainer:
+class RewardTrainer(OptimizerState):
     """Bradley-Terry training on (chosen ids, rejected ids) pairs; the loss is the batch mean, so
     micro-batch accumulation gives the full-batch gradient."""
 
     def __init__(self, rm: RewardModel, algo, train):
         self.rm, self.train_cfg = rm, train
         self.optimizer, self.scheduler = make_optimizer(rm.parameters(), train)
-
-    def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
 
     def step(self, pairs: list[tuple[list[int], list[int]]]) -> dict:
         self.rm.train()

@@ -14,7 +14,7 @@ import math
 import torch
 
 from longhaul.rl.logprobs import autocast_ctx, right_pad
-from longhaul.rl.optim import clip_and_step, make_optimizer
+from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
 
 Row = tuple[list[int], list[int]]  # token ids, loss mask (1 on assistant tokens)
 
@@ -78,18 +78,11 @@ def packed_logprobs(model, bins: list[list[Row]], pad_id: int, autocast: str = "
     return logp, mask[:, 1:]
 
 
-class SFTTrainer:
+class SFTTrainer(OptimizerState):
     def __init__(self, model, pad_id: int, algo, train, packing: bool = False, max_length: int = 1024):
         self.model, self.pad_id, self.train_cfg = model, pad_id, train
         self.packing, self.max_length = packing, max_length
         self.optimizer, self.scheduler = make_optimizer(model.parameters(), train)
-
-    def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
 
     def _chunks(self, rows: list[Row]):
         mb = self.train_cfg.micro_batch
