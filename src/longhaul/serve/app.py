@@ -1,0 +1,213 @@
+"""The server: its state, the FastAPI app, and `serve()` under uvicorn.
+
+Owns `ServerState` (the model and engine, the engine loop, keys, rate limiter, admission,
+metrics, the job store and runner) and its life: `load()` builds the engine (weights through
+`weights.load_model`), `start()` runs in the background at app start-up, starts the engine
+loop, runs a warm-up generation, then marks the server ready and starts the job workers;
+shutdown stops the workers, then the loop (in-flight jobs go back to the queue). Routes owned
+here: `/health` (200 while the process serves HTTP), `/ready` (200 only after the model loaded
+and the warm-up generation ran; 503 before, with the load error if it failed) and `/metrics`;
+none of them needs a key. The OpenAI routes live in `openai_api.routes`, jobs in `jobs.routes`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from pathlib import Path
+
+from longhaul.serve.admission import Admission
+from longhaul.serve.auth import load_keys
+from longhaul.serve.config import ServeConfig
+from longhaul.serve.metrics import CONTENT_TYPE, Metrics
+from longhaul.serve.openai_api.protocol import APIError
+from longhaul.serve.ratelimit import RateLimiter
+
+log = logging.getLogger("longhaul.serve")
+
+
+def default_model_name(model: str) -> str:
+    return Path(model.rstrip("/").split("://")[-1]).name or model
+
+
+def open_job_store(config: ServeConfig):
+    if config.queue.startswith(("redis://", "rediss://", "unix://")):
+        from longhaul.serve.jobs.redis_store import RedisJobStore
+
+        return RedisJobStore(config.queue, config.job_lease_s)
+    if config.queue != "sqlite":
+        from longhaul.errors import LonghaulError
+
+        raise LonghaulError(f"--queue must be sqlite or redis://host:port/db, got {config.queue!r}")
+    from longhaul.serve.jobs.store import SqliteJobStore
+
+    return SqliteJobStore(config.jobs_db)
+
+
+class ServerState:
+    def __init__(self, config: ServeConfig, replica: str | None = None):
+        self.config = config
+        self.model_name = config.served_model_name or default_model_name(config.model)
+        self.model_ids = {self.model_name, config.model}
+        self.created = int(time.time())
+        self.replica = replica or socket.gethostname()
+        self.keys = load_keys(config.api_keys, config.api_keys_file, config.requests_per_minute, config.tokens_per_minute)
+        self.limiter = RateLimiter()
+        self.admission = Admission(config.max_num_seqs, config.max_queued_requests)
+        self.metrics = Metrics(self.model_name)
+        self.jobs = open_job_store(config)
+        self.engine = self.tokenizer = self.texts = self.loop = self.runner = None
+        self.ready = False
+        self.load_error: str | None = None
+
+    # ---- life ----------------------------------------------------------------------------
+    def load(self) -> None:
+        """Build the engine (blocking: minutes for a big model)."""
+        import torch
+
+        from longhaul.inference import LLMEngine
+        from longhaul.serve.openai_api.logprobs import TokenTexts
+        from longhaul.serve.weights import load_model
+
+        c = self.config
+        if c.torch_threads:
+            torch.set_num_threads(c.torch_threads)
+        model, tok = load_model(c.model)
+        self.engine = LLMEngine(model=model, tokenizer=tok, dtype=c.dtype, max_num_seqs=c.max_num_seqs,
+                                max_num_batched_tokens=c.max_num_batched_tokens, max_model_len=c.max_model_len,
+                                kv_cache_memory_gb=c.kv_cache_memory_gb, seed=c.seed)
+        self.tokenizer, self.texts = tok, TokenTexts(tok)
+
+    def start(self) -> None:
+        """Load (if needed), start the loop, warm up, become ready, start job workers."""
+        from longhaul.inference.sampling import SamplingParams
+        from longhaul.serve.engine_loop import EngineLoop, ThreadStream
+        from longhaul.serve.jobs.runner import JobRunner
+
+        try:
+            if self.engine is None:
+                self.load()
+            self.loop = EngineLoop(self.engine, observer=self._observe)
+            self.metrics.watch(self.loop, self.jobs.counts)
+            self.loop.start()
+            warm = ThreadStream()
+            ids = self.tokenizer.encode("Warm-up: say hello.")
+            self.loop.submit("warmup", ids, SamplingParams(max_tokens=self.config.warmup_tokens, min_tokens=self.config.warmup_tokens,
+                                                           temperature=0), warm)
+            warm.wait(timeout=600)
+            self.ready = True
+            log.info("ready", extra={"model": self.model_name, "replica": self.replica})
+            self.runner = JobRunner(self.jobs, self.loop, self.tokenizer, self.engine.max_model_len, self.config.job_workers,
+                                    self.replica, self.config.job_lease_s)
+            self.runner.start()
+        except Exception as e:
+            self.load_error = f"{type(e).__name__}: {e}"
+            log.exception("start-up failed")
+
+    def shutdown(self) -> None:
+        self.ready = False
+        if self.runner is not None:
+            self.runner.stop()
+        if self.loop is not None:
+            self.loop.stop()
+        if self.runner is not None:
+            self.runner.join()
+        self.jobs.close()
+
+    # ---- used by the routes --------------------------------------------------------------
+    def check_ready(self) -> None:
+        if not self.ready:
+            why = f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
+            raise APIError(503, f"{why}; retry later", type="server_not_ready", code="not_ready", headers={"Retry-After": "5"})
+
+    def model_card(self) -> dict:
+        card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "longhaul", "root": self.config.model}
+        if self.engine is not None:
+            card["max_model_len"] = self.engine.max_model_len
+        return card
+
+    def _observe(self, stream, out, now: float) -> None:
+        if stream.key is not None:  # the warm-up has no key
+            self.limiter.charge(stream.key, len(out.token_ids) - stream.num_tokens)
+        self.metrics.observe(stream, out, now)
+
+
+def create_app(config: ServeConfig, state: ServerState | None = None):
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response
+
+    from longhaul.serve.jobs.routes import router as jobs_router
+    from longhaul.serve.logs import RequestIdMiddleware
+    from longhaul.serve.openai_api.routes import router as openai_router
+
+    state = state or ServerState(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        threading.Thread(target=state.start, name="longhaul-start", daemon=True).start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.shutdown)
+
+    app = FastAPI(title="longhaul", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+    app.include_router(openai_router)
+    app.include_router(jobs_router)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError):
+        return JSONResponse(APIError(400, str(e.errors()[0].get("msg"))).body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception):
+        log.exception("unhandled error", extra={"request_id": request.scope.get("state", {}).get("request_id")})
+        return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error").body(), status_code=500)
+
+    @app.exception_handler(404)
+    async def not_found(request: Request, e):
+        return JSONResponse(APIError(404, f"no route {request.url.path}", code="not_found").body(), status_code=404)
+
+    @app.exception_handler(405)
+    async def bad_method(request: Request, e):
+        return JSONResponse(APIError(405, f"{request.method} is not allowed on {request.url.path}").body(), status_code=405)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        if state.ready:
+            return {"status": "ready", "model": state.model_name}
+        body = {"status": "failed" if state.load_error else "loading", "error": state.load_error}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    app.add_middleware(RequestIdMiddleware, metrics=state.metrics)
+    return app
+
+
+def serve(config: ServeConfig) -> None:
+    """Load the model (errors are one line before anything listens), then serve until Ctrl-C."""
+    import uvicorn
+
+    from longhaul.serve.logs import configure_logging
+
+    configure_logging(config.log_level)
+    state = ServerState(config)
+    state.load()
+    app = create_app(config, state)
+    uvicorn.run(app, host=config.host, port=config.port, log_config=None, access_log=False, timeout_graceful_shutdown=5)

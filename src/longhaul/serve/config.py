@@ -1,0 +1,41 @@
+"""`ServeConfig`: every setting of the server, with the reason for its default.
+
+Owns validation only; `app.create_app` reads it and `longhaul serve` fills it from the
+command line. Engine settings pass through to `EngineConfig` (same names as vLLM's).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ServeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = "tiny-llama"  # built-in name, HF directory, .gguf, or an fsspec URL of a safetensors directory with a manifest
+    served_model_name: str | None = None  # the id clients send as `model`; default the model's base name
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"  # bf16 is ~2x faster on AMX CPUs and what vLLM-CPU serves
+    host: str = "127.0.0.1"  # loopback unless told otherwise: exposing a server is a decision
+    port: int = Field(8000, ge=0, le=65535)  # 0 picks a free port (tests)
+    max_model_len: int | None = Field(None, ge=16)  # None: the model's max_position_embeddings
+    max_num_seqs: int = Field(32, ge=1)  # sequences a step; >= the clients a replica is sized for
+    max_num_batched_tokens: int = Field(2048, ge=16)  # per-step token budget (prefill chunks + decodes)
+    kv_cache_memory_gb: float = Field(1.0, gt=0)
+    torch_threads: int | None = Field(None, ge=1)  # None: torch's default (all cores)
+    api_keys: list[str] = Field(default_factory=list)  # plain keys (--api-key, LONGHAUL_API_KEY); no quota unless set below
+    api_keys_file: str | None = None  # JSON/YAML list of keys with per-key quotas (auth.load_keys_file)
+    requests_per_minute: int | None = Field(None, ge=1)  # default quota of a key without its own; None: unlimited
+    tokens_per_minute: int | None = Field(None, ge=1)  # prompt + generated tokens, charged as they happen
+    max_queued_requests: int = Field(64, ge=0)  # admitted beyond max_num_seqs before 503; never unbounded
+    max_tokens_cap: int = Field(4096, ge=1)  # largest max_tokens a request may ask for (bounded work a request)
+    max_request_bytes: int = Field(4 << 20, ge=1024)  # larger bodies get 413 before they are parsed
+    queue: str = "sqlite"  # job broker: "sqlite" (the jobs database) or redis://host:port/db (Redis Streams)
+    jobs_db: str = "longhaul-jobs.sqlite"  # where job records live (SQLite); a restart resumes from it
+    job_workers: int = Field(1, ge=0)  # agent episodes run at once by this replica (0: accept jobs, run none)
+    max_queued_jobs: int = Field(1000, ge=1)  # queued jobs before POST /v1/jobs answers 503
+    job_lease_s: float = Field(60.0, gt=0)  # Redis: a job unacknowledged this long by a silent replica is claimed again
+    warmup_tokens: int = Field(4, ge=1)  # the warm-up generation /ready waits for
+    log_level: str = "info"
+    seed: int = 0

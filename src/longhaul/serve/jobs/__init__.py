@@ -1,0 +1,1 @@
+"""Asynchronous agent jobs: stores (SQLite, Redis Streams), the runner, the routes."""

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible API: protocol, chat rendering, logprobs, routes."""
