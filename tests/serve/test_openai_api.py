@@ -4,6 +4,7 @@ top_logprobs, vLLM's min_tokens / ignore_eos, stop strings (streamed and not), n
 and the legacy completions endpoint. Greedy outputs are checked against the engine itself."""
 
 import json
+import time
 
 import httpx
 import openai
@@ -21,7 +22,7 @@ MSG = [{"role": "user", "content": "Tell me about the sea."}]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("openai")) as (base, app):
+    with running_server(tmp_path_factory.mktemp("openai"), max_model_len=4096) as (base, app):
         yield base, app
 
 
@@ -46,7 +47,7 @@ def reference():
 def test_model_list(client):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny-llama"] and models[0].owned_by == "longhaul"
-    assert client.models.retrieve("tiny-llama").model_extra["max_model_len"] == 512
+    assert client.models.retrieve("tiny-llama").model_extra["max_model_len"] == 4096
 
 
 def test_chat_greedy_equals_the_engine(client, reference):
@@ -145,3 +146,21 @@ def test_completions_prompt_forms_and_logprobs(client):
     assert echo.choices[0].text == "Once upon" + text
     streamed = list(client.completions.create(model="tiny-llama", prompt="Once upon", max_tokens=6, temperature=0, stream=True))
     assert "".join(c.choices[0].text for c in streamed if c.choices) == text
+
+
+def test_a_client_that_hangs_up_is_aborted_in_the_engine(server):
+    base, app = server
+    eng = app.state.server.engine
+    body = {"messages": MSG, "max_tokens": 4000, "min_tokens": 4000, "ignore_eos": True}  # seconds of work
+    with httpx.stream("POST", base + "/v1/chat/completions", json={**body, "stream": True}, timeout=30) as resp:
+        next(resp.iter_lines())  # one chunk, then hang up
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base + "/v1/chat/completions", json=body, timeout=0.3)
+    for _ in range(200):
+        if not eng.has_unfinished_requests():
+            break
+        time.sleep(0.05)
+    assert not eng.has_unfinished_requests()
+    aborts = [line for line in httpx.get(base + "/metrics").text.splitlines()
+              if line.startswith('longhaul:request_success_total{finished_reason="abort"')]
+    assert aborts and float(aborts[0].split()[-1]) == 2

@@ -176,8 +176,9 @@ class EngineLoop:
         if cmd[0] == "abort":
             stream = self._streams.pop(cmd[1], None)
             self._unscheduled.pop(cmd[1], None)
-            if stream is not None:
-                self.engine.abort_request(cmd[1])
+            out = self.engine.abort_request(cmd[1]) if stream is not None else None
+            if out is not None and self.observer is not None:  # metrics count aborts (finish_reason "abort")
+                self.observer(stream, out, time.perf_counter())
             return
         _, rid, prompt_ids, params, stream = cmd
         try:

@@ -11,6 +11,7 @@ engine loop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from fastapi import APIRouter, Request
@@ -73,6 +74,21 @@ async def parse_body(request: Request, model: type[BaseModel]):
     return state, key, req
 
 
+async def _finals_while_connected(request: Request, gen: Generation) -> list:
+    """The choices' final outputs; stops early (and the generation is aborted on exit) when
+    the client hangs up, so a dropped long request does not keep the engine busy."""
+    task = asyncio.ensure_future(gen.finals())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise APIError(499, "the client closed the request", code="client_closed")
+    finally:
+        task.cancel()
+
+
 def _finish_reason(out, tool_calls) -> str:
     return "tool_calls" if tool_calls else ("length" if out.finish_reason == "length" else "stop")
 
@@ -103,7 +119,7 @@ async def chat_completions(request: Request):
     if req.stream:
         return EventStream(_chat_stream(state, gen, req, base, tools), gen)
     async with gen:
-        finals = await gen.finals()
+        finals = await _finals_while_connected(request, gen)
     request.scope["state"]["log"].update(gen.log_fields(finals))
     choices = []
     for i, out in enumerate(finals):
@@ -188,7 +204,7 @@ async def completions(request: Request):
     if req.stream:
         return EventStream(_completion_stream(state, gen, req, base, echo), gen)
     async with gen:
-        finals = await gen.finals()
+        finals = await _finals_while_connected(request, gen)
     request.scope["state"]["log"].update(gen.log_fields(finals))
     choices = [{"index": i, "text": echo[i] + out.text, "finish_reason": _finish_reason(out, None),
                 "logprobs": completion_logprobs(state.texts, out.token_ids, out.logprobs, out.top_logprobs, req.logprobs)
