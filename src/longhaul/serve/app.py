@@ -136,29 +136,11 @@ class ServerState:
         self.metrics.observe(stream, out, now)
 
 
-def create_app(config: ServeConfig, state: ServerState | None = None):
-    from fastapi import FastAPI, Request
+def _add_error_handlers(app) -> None:
+    """Every error leaves as OpenAI's body: ours (APIError), FastAPI's, unknown routes and the unexpected."""
+    from fastapi import Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
-
-    from longhaul.serve.jobs.routes import router as jobs_router
-    from longhaul.serve.logs import RequestIdMiddleware
-    from longhaul.serve.openai_api.routes import router as openai_router
-
-    state = state or ServerState(config)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        threading.Thread(target=state.start, name="longhaul-start", daemon=True).start()
-        try:
-            yield
-        finally:
-            await asyncio.to_thread(state.shutdown)
-
-    app = FastAPI(title="longhaul", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.server = state
-    app.include_router(openai_router)
-    app.include_router(jobs_router)
+    from fastapi.responses import JSONResponse
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -180,6 +162,32 @@ def create_app(config: ServeConfig, state: ServerState | None = None):
     @app.exception_handler(405)
     async def bad_method(request: Request, e):
         return JSONResponse(APIError(405, f"{request.method} is not allowed on {request.url.path}").body(), status_code=405)
+
+
+def create_app(config: ServeConfig, state: ServerState | None = None):
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, Response
+
+    from longhaul.serve.jobs.routes import router as jobs_router
+    from longhaul.serve.logs import RequestIdMiddleware
+    from longhaul.serve.openai_api.routes import router as openai_router
+
+    state = state or ServerState(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        threading.Thread(target=state.start, name="longhaul-start", daemon=True).start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(state.shutdown)
+
+    app = FastAPI(title="longhaul", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+    app.include_router(openai_router)
+    app.include_router(jobs_router)
+
+    _add_error_handlers(app)
 
     @app.get("/health")
     async def health():
