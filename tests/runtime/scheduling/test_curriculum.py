@@ -1,0 +1,85 @@
+"""Curriculum policies on synthetic pass rates: tasks that always fail, pass half the time, always pass."""
+
+import random
+from collections import Counter
+
+import pytest
+from scheduling_helpers import synthetic
+
+from longhaul.runtime.scheduling import Outcome, SchedulingConfig, TaskScheduler
+from longhaul.runtime.scheduling.curriculum import CURRICULA, TaskStats
+
+TRUE_RATE = {0: 0.0, 1: 0.5, 2: 1.0}  # task i has pass probability TRUE_RATE[i % 3]
+GROUP = 4
+
+
+def _simulate(curriculum: str, steps: int = 300, batch: int = 5, **cfg) -> tuple[Counter, Counter, TaskScheduler]:
+    """Draw and record `steps` batches from one 30-task domain; draws counted by kind, in the
+    first and second half."""
+    sched = TaskScheduler([synthetic("d", 30)], SchedulingConfig(curriculum=curriculum, **cfg), seed=0, group_size=GROUP)
+    rng = random.Random(0)
+    early, late = Counter(), Counter()
+    for step in range(steps):
+        draws = sched.next_tasks(batch)
+        for d in draws:
+            kind = int(d.task.task_id.split("/")[1]) % 3
+            (early if step < steps // 2 else late)[kind] += 1
+            sched.record(Outcome("d", d.task.task_id, 0.0, rng.random() < TRUE_RATE[kind]) for _ in range(GROUP))
+    return early, late, sched
+
+
+def test_uniform_draws_every_kind_alike():
+    early, late, _ = _simulate("uniform")
+    total = early + late
+    for kind in (0, 1, 2):
+        assert abs(total[kind] / sum(total.values()) - 1 / 3) < 0.05, total
+
+
+def test_learnable_band_favours_tasks_between_0_and_1():
+    cfg = dict(boost=4.0, floor=0.1, min_samples=4)
+    _, late, sched = _simulate("learnable_band", **cfg)
+    # once every task has 4 outcomes: weights 4 (rate in (0,1)) vs 0.1 (rate 0 or 1)
+    expected = 4.0 / (4.0 + 0.1 + 0.1)
+    share = late[1] / sum(late.values())
+    assert abs(share - expected) < 0.04, (late, expected)
+    assert late[0] > 0 and late[2] > 0  # the floor keeps the extremes alive
+    assert sched.metrics()["domain/d/tasks_learnable"] == 10
+
+
+def test_retire_solved_never_draws_a_solved_task_again():
+    _, _, sched = _simulate("retire_solved", min_samples=GROUP)
+    q = sched.queues[0]
+    for i, s in enumerate(q.stats):
+        if TRUE_RATE[i % 3] == 1.0:
+            assert s.draws == 1, (i, s.draws)  # one group of 4 passes retires it
+        if TRUE_RATE[i % 3] == 0.0:
+            assert q.weights[i] == 1.0  # never solved, never retired
+    retired = sched.metrics()["domain/d/tasks_retired"]
+    assert retired >= 10 and retired == sum(1 for w in q.weights if w == 0)
+
+
+def test_retiring_every_task_exhausts_the_domain():
+    sched = TaskScheduler([synthetic("d", 6)], SchedulingConfig(curriculum="retire_solved", min_samples=2), seed=0, group_size=2)
+    for _ in range(4):
+        draws = sched.next_tasks(6)
+        sched.record(Outcome("d", d.task.task_id, 1.0, True) for d in draws for _ in range(2))
+    assert sched.exhausted and sched.next_tasks(1) == []
+
+
+def test_revisit_failures_draws_failing_tasks_boost_times_as_often():
+    _, late, _ = _simulate("revisit_failures", boost=4.0)
+    ratio = late[0] / late[2]
+    assert 3.2 < ratio < 4.8, late  # weight 4 (recent failure) vs 1 (all recent passes)
+    assert abs(late[1] / late[0] - 1.0) < 0.2  # half-passing tasks fail recently too
+
+
+@pytest.mark.parametrize("name", sorted(CURRICULA))
+def test_policies_give_unexplored_tasks_weight_1_and_never_negative(name):
+    cfg = SchedulingConfig()
+    assert CURRICULA[name](TaskStats(), cfg) == 1.0
+    rng = random.Random(name)
+    for _ in range(200):
+        s = TaskStats()
+        for _ in range(rng.randrange(40)):
+            s.add(rng.random() < 0.5, cfg.window)
+        assert CURRICULA[name](s, cfg) >= 0.0 and s.n <= cfg.window
