@@ -1,0 +1,309 @@
+"""The placer: queued jobs of many domains onto one cluster, by priority and weighted fair share,
+with pre-emption and draining reservations. One call of `schedule(now)` is one pass.
+
+Order (`order="fair"`): one FIFO queue per domain. The next job tried is the head of the domain
+with the highest head priority and, within that priority, the smallest current dominant share
+(the largest of its held CPU, memory and GPU fractions, weighted DRF) divided by its weight.
+With `backfill`, a head that does not fit does not stop the pass: up to `domain_scan` jobs
+behind it in its domain, then other domains, are tried (`scan_limit` attempts a pass).
+`order="fifo"` is one queue in submission order; without backfill a blocked head stops it.
+
+Pre-emption (`preempt`): a job that has waited `preempt_after_s` and cannot fit may evict
+running pre-emptible jobs of strictly lower priority (`queues.preempts`), only if that makes it
+fit: victims are taken node by node, lowest priority first, then the least work lost (held
+dominant share x time since they started), until the job's units fit. Victims go back to the
+head of their queue. At most `preempt_tries` such searches run a pass.
+
+Reservations: a head that has waited `reserve_after_s` without fitting (a large gang that
+backfill keeps overtaking) gets nodes drained for it: up to `max_reservations` jobs at a time
+each hold a set of nodes (the ones with the most free now) that no other job may start on;
+the job starts as soon as it fits, and its reservation ends then.
+
+Resources are taken only through `Cluster.allocate` (all or nothing): the placer never
+oversubscribes a node, whatever the policy chooses.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict, deque
+from itertools import islice
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import Field
+
+from longhaul.config import Section
+from longhaul.runtime.scheduling.cluster import Cluster, Resources
+from longhaul.runtime.scheduling.placement import PLACEMENT, FreeView, Job
+from longhaul.runtime.scheduling.queues import preempts
+
+
+class PlacerConfig(Section):
+    order: Literal["fair", "fifo"] = "fair"
+    policy: str = "pack"  # node choice (longhaul.runtime.scheduling.placement): pack, first_fit
+    backfill: bool = True  # try jobs behind one that does not fit
+    preempt: bool = True  # a waiting job may evict strictly lower-priority pre-emptible jobs
+    preempt_after_s: float = Field(60.0, ge=0)  # let natural departures make room first
+    reserve_after_s: float | None = Field(1800.0, ge=0)  # drain nodes for a head that has waited this long; None: never
+    max_reservations: int = Field(4, ge=0)  # jobs with drained nodes at a time (each idles nodes while they drain)
+    colocate_gb: float = Field(32.0, ge=0)  # checkpoints this large keep a job's units in one rack when possible
+    cpus_per_gpu: float = Field(4.0, ge=0)  # CPUs CPU-only work must leave beside each free GPU of a GPU node
+    scan_limit: int = Field(256, ge=1)  # placement attempts per pass (like Slurm's bf_max_job_test)
+    preempt_tries: int = Field(4, ge=1)  # pre-emption searches per pass (each weighs every node), highest priority first
+    domain_scan: int = Field(4, ge=1)  # jobs of one domain tried behind its blocked head
+
+
+PRESETS = {
+    "longhaul": PlacerConfig(),
+    "fifo": PlacerConfig(order="fifo", policy="first_fit", backfill=False, preempt=False, reserve_after_s=None),
+    "fifo_backfill": PlacerConfig(order="fifo", policy="first_fit", backfill=True, preempt=False, reserve_after_s=None),
+}
+
+
+@dataclass
+class Running:
+    job: Job
+    nodes: list[int]  # node of each unit
+    started: float
+    load_from: list[str] = field(default_factory=list)  # per unit: "local", "rack", "remote" or "" (loads nothing)
+
+
+class Placer:
+    def __init__(self, cluster: Cluster, cfg: PlacerConfig = PlacerConfig(), weights: dict[str, float] | None = None):
+        self.c, self.cfg = cluster, cfg
+        self.policy = PLACEMENT.get_fn(cfg.policy)
+        self.weights = weights or {}
+        self.queues: dict[str, deque[Job]] = defaultdict(deque)  # domain (or "" for fifo) -> waiting jobs
+        self.jobs: dict[str, Job] = {}  # queued jobs by id
+        self.waiting_since: dict[str, float] = {}
+        self.running: dict[str, Running] = {}
+        self.share: dict[str, float] = defaultdict(float)  # domain -> dominant share held now
+        self.reserved: dict[str, set[int]] = {}  # job id -> drained nodes, oldest first
+        self.node_reserved: dict[int, str] = {}
+        self.preemptions = 0
+        self.held_by_priority: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # pre-emptible holdings
+        self._failed: set = set()  # shapes that did not fit since resources last came back (free only shrinks meanwhile)
+        self._bonus: dict = {}  # priority -> (victim runs, what evicting them frees per node, its rack summaries), until resources change
+        self._failed_preempt: set = set()  # (shape, priority) that pre-emption could not place, likewise
+        self.by_priority: dict[int, dict[str, Running]] = defaultdict(dict)  # running pre-emptible jobs
+
+    # queue
+    def _key(self, job: Job) -> str:
+        return job.domain if self.cfg.order == "fair" else ""
+
+    def submit(self, job: Job, now: float) -> None:
+        if job.id in self.jobs or job.id in self.running:
+            raise ValueError(f"job {job.id!r} is already queued or running")
+        self.queues[self._key(job)].append(job)
+        self.jobs[job.id] = job
+        self.waiting_since[job.id] = now
+
+    def _requeue(self, job: Job, now: float) -> None:
+        if self.cfg.order == "fifo":  # back in submission order
+            q = self.queues[""]
+            pos = next((k for k, j in enumerate(q) if j.submitted > job.submitted), len(q))
+            q.insert(pos, job)
+        else:
+            self.queues[job.domain].appendleft(job)
+        self.jobs[job.id] = job
+        self.waiting_since[job.id] = now
+
+    def _dequeue(self, job: Job) -> None:
+        self.queues[self._key(job)].remove(job)
+        del self.jobs[job.id]
+        self.waiting_since.pop(job.id, None)
+        if job.id in self.reserved:
+            for i in self.reserved.pop(job.id):
+                self.node_reserved.pop(i, None)
+            self._failed.clear()  # its drained nodes are open to everyone again
+
+    def queued(self) -> int:
+        return len(self.jobs)
+
+    def dominant(self, job: Job) -> float:
+        """The job's largest fraction of the cluster's CPUs, memory or GPUs (its DRF share)."""
+        return max(job.total[k] / self.c.total[k] for k in range(3) if self.c.total[k])
+
+    def _hold(self, job: Job, sign: int) -> None:
+        self.share[job.domain] = max(0.0, self.share[job.domain] + sign * self.dominant(job))
+        self._bonus.clear()
+        self._failed_preempt.clear()
+        if job.preemptible:
+            acc = self.held_by_priority[job.priority]
+            for k in range(3):
+                acc[k] += sign * job.total[k]
+
+    # start and stop
+    def _start(self, job: Job, nodes: list[int], now: float) -> Running:
+        c = self.c
+        load = []
+        for unit, i in zip(job.units, nodes):
+            if not (unit.loads_checkpoint and job.checkpoint_gb > 0):
+                load.append("")
+            elif c.has_checkpoint(i, job.checkpoint):
+                load.append("local")
+            else:
+                load.append("rack" if any(c.rack_of[j] == c.rack_of[i] for j in c.cached_on.get(job.checkpoint, ())) else "remote")
+        c.allocate(job.id, [(i, u.needs) for i, u in zip(nodes, job.units)])
+        for unit, i in zip(job.units, nodes):
+            if unit.loads_checkpoint:
+                c.note_checkpoint(i, job.checkpoint)
+        self._dequeue(job)
+        run = Running(job, list(nodes), now, load)
+        self.running[job.id] = run
+        if job.preemptible:
+            self.by_priority[job.priority][job.id] = run
+        self._hold(job, +1)
+        return run
+
+    def release(self, job_id: str) -> Running:
+        """A running job finished (or was stopped): its resources go back."""
+        run = self.running.pop(job_id)
+        self.by_priority[run.job.priority].pop(job_id, None)
+        self.c.release(job_id)
+        self._hold(run.job, -1)
+        self._failed.clear()
+        return run
+
+    # one pass
+    def schedule(self, now: float) -> list[tuple[str, Running]]:
+        """Start what can start now; returns what happened in order: ("start" | "preempt", run)."""
+        log: list[tuple[str, Running]] = []
+        self._preempt_left = self.cfg.preempt_tries
+        for jid in list(self.reserved):
+            self._attempt(self.jobs[jid], now, True, log)
+        if self.cfg.order == "fifo":
+            self._pass_fifo(now, log)
+        else:
+            self._pass_fair(now, log)
+        return log
+
+    def _pass_fifo(self, now, log) -> None:
+        tries = 0
+        for job in list(islice(self.queues[""], self.cfg.scan_limit + len(self.reserved))):
+            if tries >= self.cfg.scan_limit:
+                break
+            if job.id in self.reserved:
+                continue
+            tries += 1
+            if not self._attempt(job, now, tries == 1, log) and not self.cfg.backfill:
+                break
+
+    def _pass_fair(self, now, log) -> None:
+        cfg = self.cfg
+        heap = [self._heap_key(d, q[0]) for d, q in self.queues.items() if q]
+        heapq.heapify(heap)
+        tries = 0
+        while heap and tries < cfg.scan_limit:
+            d = heapq.heappop(heap)[-1]
+            q = self.queues[d]
+            placed = False
+            for pos, job in enumerate(list(islice(q, cfg.domain_scan if cfg.backfill else 1))):
+                if job.id in self.reserved:
+                    continue
+                tries += 1
+                if self._attempt(job, now, pos == 0, log):
+                    placed = True
+                    break
+            if placed and q:
+                heapq.heappush(heap, self._heap_key(d, q[0]))
+            elif not placed and not cfg.backfill:
+                break
+
+    def _heap_key(self, d: str, head: Job) -> tuple:
+        return (-head.priority, self.share[d] / self.weights.get(d, 1.0), head.submitted, d)
+
+    def _attempt(self, job: Job, now: float, head: bool, log: list) -> bool:
+        """Start `job` if it fits; if it is a head that has waited, pre-empt or reserve for it."""
+        own = self.reserved.get(job.id, set())
+        shape = (tuple(sorted(job.needs)), job.checkpoint_gb >= self.cfg.colocate_gb)
+        nodes = None
+        if (own or shape not in self._failed) and all(t <= f for t, f in zip(job.total, self.c.free_total)):
+            nodes = self.policy(FreeView(self.c, blocked=self.node_reserved.keys() - own), job, self.cfg)
+        if nodes is not None:
+            log.append(("start", self._start(job, nodes, now)))
+            return True
+        if not own:
+            self._failed.add(shape)
+        if not head:
+            return False
+        waited = now - self.waiting_since[job.id]
+        if self.cfg.preempt and waited >= self.cfg.preempt_after_s and self._preempt_for(job, now, log):
+            return True
+        if (self.cfg.reserve_after_s is not None and waited >= self.cfg.reserve_after_s and not own
+                and len(self.reserved) < self.cfg.max_reservations):
+            self._reserve(job)
+        return False
+
+    def _victims(self, priority: int) -> tuple[dict, dict, tuple]:
+        """Running pre-emptible jobs below `priority`, what evicting them all frees per node, and
+        the rack summaries of that view."""
+        if priority not in self._bonus:
+            lower = {jid: r for p, runs in self.by_priority.items() if preempts(priority, p) for jid, r in runs.items()}
+            bonus: dict[int, list[int]] = {}
+            for jid in lower:
+                for i, u in self.c.holdings[jid]:
+                    b = bonus.setdefault(i, [0, 0, 0])
+                    for k in range(3):
+                        b[k] += u[k]
+            view = FreeView(self.c, bonus)
+            self._bonus[priority] = (lower, bonus, (view.rack_max, view.rack_free))
+        return self._bonus[priority]
+
+    def _preempt_for(self, job: Job, now: float, log: list) -> bool:
+        c = self.c
+        evictable = [sum(h[k] for p, h in self.held_by_priority.items() if preempts(job.priority, p)) for k in range(3)]
+        if self._preempt_left <= 0 or any(t > f + e for t, f, e in zip(job.total, c.free_total, evictable)):
+            return False
+        key = (tuple(sorted(job.needs)), job.checkpoint_gb >= self.cfg.colocate_gb, job.priority)
+        own = self.reserved.get(job.id, set())
+        if key in self._failed_preempt and not own:
+            return False
+        self._preempt_left -= 1
+        lower, bonus, summaries = self._victims(job.priority)
+        view = FreeView(c, bonus, self.node_reserved.keys() - own, summaries)
+        nodes = self.policy(view, job, self.cfg) if lower else None
+        if nodes is None:
+            if not own:
+                self._failed_preempt.add(key)
+            return False
+        lower = dict(lower)
+        need: dict[int, list[int]] = {}
+        for i, u in zip(nodes, job.needs):
+            acc = need.setdefault(i, [0, 0, 0])
+            for k in range(3):
+                acc[k] += u[k]
+        for i, u in need.items():
+            # lowest priority first, then the least work lost (held share x time since it started)
+            victims = sorted((lower[jid] for jid in c.node_jobs[i] if jid in lower),
+                             key=lambda r: (r.job.priority, self.dominant(r.job) * (now - r.started), r.job.id))
+            while not c.fits(i, u):
+                victim = victims.pop(0)
+                del lower[victim.job.id]
+                self.release(victim.job.id)
+                self._requeue(victim.job, now)
+                self.preemptions += 1
+                log.append(("preempt", victim))
+        log.append(("start", self._start(job, nodes, now)))
+        return True
+
+    def _reserve(self, job: Job) -> None:
+        """Drain, for `job`, the nodes with the most free now that could hold its units."""
+        c, taken, nodes = self.c, defaultdict(lambda: [0, 0, 0]), set()
+        for u in sorted(job.needs, reverse=True, key=lambda u: (u[2], u[0], u[1])):
+            k = max(range(3), key=lambda k: u[k] / c.total[k] if c.total[k] else 0.0)
+            fits = [i for i in range(len(c.nodes)) if i not in self.node_reserved
+                    and all(c.cap[i][m] - taken[i][m] >= u[m] for m in range(3))]
+            if not fits:
+                return  # it can never fit while other reservations stand
+            i = max(fits, key=lambda i: (c.free[i][k] - taken[i][k], -i))
+            for m in range(3):
+                taken[i][m] += u[m]
+            nodes.add(i)
+        self.reserved[job.id] = nodes
+        for i in nodes:
+            self.node_reserved[i] = job.id
+
+    def held(self) -> Resources:
+        return Resources.of(tuple(t - f for t, f in zip(self.c.total, self.c.free_total)))
