@@ -131,8 +131,9 @@ class GRPOTrainer(OptimizerState):
         ac = self.train_cfg.autocast
         if self.train_cfg.share_prompt:
             return shared_prompt_logprobs(model, pairs[idx[0]][0], [pairs[i][1] for i in idx], self.pad_id,
-                                          self.temperature, ac, with_entropy, entropy_grad)
-        return completion_logprobs(model, [pairs[i] for i in idx], self.pad_id, self.temperature, ac, with_entropy, entropy_grad)
+                                          self.temperature, ac, with_entropy, entropy_grad, fast=True)
+        return completion_logprobs(model, [pairs[i] for i in idx], self.pad_id, self.temperature, ac, with_entropy, entropy_grad,
+                                   fast=True)  # the packed forward and fused head (`logprobs`), equal to HF's to rounding
 
     def step(self, groups: list[list[Trajectory]]) -> dict:
         """One optimizer step on a batch of prompt groups; returns TRL/verl-named metrics."""

@@ -1,7 +1,12 @@
 """Per-token log-probabilities of completions under a causal LM.
 
 The LM head runs only at the positions that predict completion tokens: prompt positions
-never pay for the (hidden x vocab) projection.
+never pay for the (hidden x vocab) projection. With `fast=True` (the GRPO trainer's choice),
+Llama / Qwen2 models take the packed path (`packed_forward`: no pad rows in the linears;
+`fused_head`: the head and log-softmax chunked, no extra (tokens x vocab) copies); other models,
+and the default `fast=False`, take HF's padded forward. Both give the same values and gradients
+to fp32 rounding; the default stays HF's so that the other trainers' numerics (and their
+rounding-sensitive accumulation tests) are unchanged.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import torch
 
 from longhaul.models.compat import cache_kwarg
 from longhaul.models.lora import unwrap
+from longhaul.rl import packed_forward
+from longhaul.rl.fused_head import head_logprobs
 
 
 def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,10 +67,33 @@ def _token_logprobs(logits, targets, mask, temperature: float, with_entropy: boo
     return logp, mask, entropy
 
 
+def packed_logprobs(model, batch: packed_forward.PackedBatch, temperature: float = 1.0, autocast: str = "none",
+                    with_entropy: bool = False, entropy_grad: bool = False):
+    """`completion_logprobs`' result for a `packed_forward.PackedBatch`: (B, T) log-probs, mask, entropy."""
+    model = unwrap(model)
+    dev = model.get_output_embeddings().weight.device
+    pick, slot, mask = batch.pick.to(dev), batch.pick_slot.to(dev), batch.mask.to(dev)
+    targets = batch.targets.to(dev).view(-1).index_select(0, slot)  # (M,)
+    with autocast_ctx(autocast):
+        rows = packed_forward.hidden_states(model, batch).index_select(0, pick)  # (M, H)
+        if with_entropy and entropy_grad and torch.is_grad_enabled():  # an entropy bonus: plain head, autograd entropy
+            lp, _, ent = _token_logprobs(model.get_output_embeddings()(rows)[None], targets[None], torch.ones_like(targets[None], dtype=torch.float32),
+                                         temperature, True, True)
+            lp, ent = lp[0], ent[0]
+        else:
+            head = model.get_output_embeddings()
+            packed = packed_forward.frozen_linear(head)  # the reference model's prepacked head
+            lp, ent = head_logprobs(rows, head.weight, targets, temperature, with_entropy, None if packed is head else packed)
+    grid = lambda x: x.new_zeros(mask.numel()).index_copy(0, slot, x).view(mask.shape)  # noqa: E731  (M,) -> (B, T), 0 past ends
+    return grid(lp), mask, None if ent is None else grid(ent)
+
+
 def completion_logprobs(model, pairs, pad_id: int, temperature: float = 1.0, autocast: str = "none", with_entropy: bool = False,
-                        entropy_grad: bool = False):
+                        entropy_grad: bool = False, fast: bool = False):
     """Log-probs (B, T) of each completion token at `temperature`, its mask (B, T), and
-    optionally the per-token entropy (B, T, no grad)."""
+    optionally the per-token entropy (B, T; no grad unless `entropy_grad`)."""
+    if fast and packed_forward.supports(model):
+        return packed_logprobs(model, packed_forward.pack_pairs(pairs, pad_id), temperature, autocast, with_entropy, entropy_grad)
     model = unwrap(model)  # a peft wrapper's inner CausalLM carries the adapters
     ids, attn, index, targets, mask = pack(pairs, pad_id)
     device = next(model.parameters()).device
@@ -76,10 +106,13 @@ def completion_logprobs(model, pairs, pad_id: int, temperature: float = 1.0, aut
 
 
 def shared_prompt_logprobs(model, prompt: list[int], completions: list[list[int]], pad_id: int, temperature: float = 1.0,
-                           autocast: str = "none", with_entropy: bool = False, entropy_grad: bool = False):
+                           autocast: str = "none", with_entropy: bool = False, entropy_grad: bool = False, fast: bool = False):
     """Same result as `completion_logprobs` for N completions of one prompt, with the prompt
     run once: its keys/values are computed a single time and repeated for the N rows
     (gradients flow back through the repeat), so a group of N costs P + N*C tokens, not N*(P+C)."""
+    if fast and packed_forward.supports(model):
+        return packed_logprobs(model, packed_forward.pack_shared(prompt, completions, pad_id), temperature, autocast, with_entropy,
+                               entropy_grad)
     from transformers import DynamicCache
 
     model = unwrap(model)

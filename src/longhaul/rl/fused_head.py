@@ -1,0 +1,123 @@
+"""The LM head fused with the log-softmax: per-token log-probs (and entropy) of target tokens
+from hidden states, without materialising the full (tokens x vocab) logits more than once.
+
+Owns `head_logprobs(hidden, weight, targets, temperature, with_entropy)`. The plain way
+(`logprobs._token_logprobs` over `lm_head(hidden)`) keeps the logits, their scaled copy, the
+softmax and softmax * logits alive as separate (M, V) fp32 tensors, and autograd adds a
+zeros-and-scatter for the gather and an exp for the logsumexp backward: at V = 49,152 that is
+~200 MB a tensor for ~1,000 tokens, each pass memory-bound. Here, rows are processed in chunks
+(a chunk's logits stay in cache); the forward keeps only the softmax p (M, V), which is all the
+backward needs:
+
+    d logp_t / d z = onehot(target) - p,  z = logits / T
+    grad_logits = g * (onehot - p) / T;  grad_h = grad_logits @ W;  grad_W = grad_logits^T @ h
+
+The entropy is a metric here (no gradient); a caller that needs its gradient (an entropy bonus)
+uses the plain path. Does not own which rows are picked (`packed_forward`, `logprobs`).
+
+Numerics: fp32 equals the plain path to rounding (tests: 1e-5 on log-probs and gradients). Under
+bf16 autocast the matmuls run in bf16 as `F.linear` would under autocast, the softmax in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK = 256  # rows a chunk: a (256, 49152) fp32 block is 48 MB, the size of a large L3
+
+
+def _mm_dtype() -> torch.dtype | None:
+    """The dtype autocast would run a CPU matmul in now (None: no autocast)."""
+    if torch.is_autocast_enabled("cpu"):
+        return torch.get_autocast_dtype("cpu")
+    return None
+
+
+def _logits(h: torch.Tensor, w, dt: torch.dtype | None) -> torch.Tensor:
+    """h (m, H) @ w.T (w already in the autocast dtype, if any, or a callable head) -> float32 (m, V)."""
+    if callable(w):
+        return w(h).float()
+    if dt is not None:
+        return (h.to(dt) @ w.t()).float()
+    return h @ w.t()
+
+
+def _chunk_stats(z: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
+    """Scaled logits z (m, V) -> (logp (m,), entropy (m,) or None, softmax p (m, V)).
+    Without entropy, z itself becomes p (one (m, V) buffer)."""
+    lse = torch.logsumexp(z, dim=-1)  # (m,)
+    logp = z.gather(1, targets[:, None]).squeeze(1) - lse
+    if not with_entropy:
+        return logp, None, z.sub_(lse[:, None]).exp_()
+    p = torch.exp(z - lse[:, None])
+    return logp, lse - (p * z).sum(-1), p  # H = lse - sum(p * z)
+
+
+def _forward(hidden, weight, targets, temperature: float, with_entropy: bool, keep_p: bool, head=None):
+    dt = _mm_dtype()
+    w = head if head is not None else weight.detach().to(dt) if dt is not None else weight.detach()  # cast once, not per chunk
+    m = hidden.shape[0]
+    logp = hidden.new_empty(m, dtype=torch.float32)
+    ent = hidden.new_empty(m, dtype=torch.float32) if with_entropy else None
+    ps = []
+    for s in range(0, m, CHUNK):
+        z = _logits(hidden[s:s + CHUNK].detach(), w, dt)
+        if temperature != 1.0:
+            z.div_(temperature)
+        lp, e, p = _chunk_stats(z, targets[s:s + CHUNK], with_entropy)
+        logp[s:s + CHUNK] = lp
+        if ent is not None:
+            ent[s:s + CHUNK] = e
+        if keep_p:
+            ps.append(p)
+    return logp, ent, ps, dt
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool):
+        logp, ent, ps, dt = _forward(hidden, weight, targets, temperature, with_entropy, keep_p=True)
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.ps, ctx.temperature, ctx.dt = ps, temperature, dt
+        if ent is not None:
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, _g_ent):
+        hidden, weight, targets = ctx.saved_tensors
+        dt = ctx.dt
+        w = weight.to(dt) if dt is not None else weight
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        acc = torch.float32 if weight.dtype in (torch.bfloat16, torch.float16) else weight.dtype
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
+        for k, s in enumerate(range(0, hidden.shape[0], CHUNK)):
+            gl = ctx.ps[k]  # (m, V) softmax, turned in place into the logits' gradient
+            ctx.ps[k] = None
+            g = g_logp[s:s + CHUNK].float() / ctx.temperature  # (m,)
+            gl.mul_(-g[:, None])
+            gl.scatter_add_(1, targets[s:s + CHUNK, None], g[:, None])
+            if dt is not None:
+                gl = gl.to(dt)
+            if grad_h is not None:
+                grad_h[s:s + CHUNK] = (gl @ w).to(grad_h.dtype)
+            if grad_w is not None:
+                h = hidden[s:s + CHUNK]
+                if dt is None:
+                    grad_w.addmm_(gl.t(), h)
+                else:
+                    grad_w.add_((gl.t() @ h.to(dt)).float())
+        ctx.ps = None
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None
+
+
+def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                  with_entropy: bool = False, head=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """hidden (M, H), head weight (V, H), targets (M,) -> log p(target) at `temperature` (M,)
+    float32, differentiable in hidden and weight; and the entropy (M,) (no grad) or None.
+    `head`: an equivalent callable h -> h @ weight.T (a prepacked copy) for the no-grad path."""
+    targets = targets.long()
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _HeadLogprobs.apply(hidden, weight, targets, float(temperature), with_entropy)
+    logp, ent, _, _ = _forward(hidden, weight, targets, float(temperature), with_entropy, keep_p=False, head=head)
+    return logp, ent
