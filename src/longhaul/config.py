@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from longhaul.errors import LonghaulError
+from longhaul.hardware import resolve_autocast, resolve_dtype
 
 
 class Section(BaseModel):
@@ -40,11 +41,18 @@ class RolloutConfig(Section):
     max_new_tokens: int = Field(128, ge=1)
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"  # sampler copy of the weights; bf16 is ~1.6x faster on AVX512-BF16
+    # sampler copy of the weights; auto: bf16 where the hardware has it (~1.6x faster on AVX512-BF16), else fp32
+    # (emulated bf16 is far slower); resolved when the config is loaded, so config.yaml records what ran
+    dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", validate_default=True)
     sampler: Literal["engine", "hf"] = "engine"  # the paged engine (prefix cache: a group's prompt is prefilled once), or the HF sampler
     exec_timeout_s: float = Field(5.0, gt=0)  # hidden tests of one completion
     exec_workers: int = Field(2, ge=1)
     max_turns: int = Field(8, ge=1)  # assistant replies per episode of a multi-turn (workspace) family
+
+    @field_validator("dtype")
+    @classmethod
+    def _resolve_dtype(cls, v: str) -> str:
+        return resolve_dtype(v)
 
 
 class DataConfig(Section):
@@ -70,7 +78,8 @@ class AlgoConfig(Section):
     drop_zero_std_groups: bool = True  # groups with equal rewards carry no policy gradient; skip their compute
     dual_clip_c: float = Field(3.0, gt=1)  # used by loss=dual_clip
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus; 0 keeps entropy a metric only
-    tis_cap: float | None = Field(None, gt=0)  # truncated importance weight vs the sampler's logprobs; None: off
+    tis_cap: float | None = Field(None, gt=0)  # cap of the importance weight vs the sampler's log-probs; tis: None is off
+    off_policy: Literal["tis", "decoupled"] = "tis"  # tis truncates pi/mu at tis_cap; decoupled (AReaL) weights by pi_prox/mu, drops tokens over the cap
     overlong_buffer: int = Field(0, ge=0)  # DAPO soft overlong punishment over the last N tokens; 0: off
     overlong_penalty: float = Field(1.0, ge=0)
     dynamic_sampling: bool = False  # DAPO: replace groups whose rewards are all equal with fresh prompts' groups
@@ -112,9 +121,14 @@ class TrainConfig(Section):
     lora_alpha: float = Field(16.0, gt=0)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    autocast: Literal["none", "bfloat16"] = "bfloat16"  # fp32 master weights either way
+    autocast: Literal["auto", "none", "bfloat16"] = Field("auto", validate_default=True)  # fp32 master weights either way; auto as rollout.dtype
     save_every: int = Field(5, ge=0)  # 0: only the final checkpoint
     keep_last: int = Field(2, ge=1)
+
+    @field_validator("autocast")
+    @classmethod
+    def _resolve_autocast(cls, v: str) -> str:
+        return resolve_autocast(v)
 
 
 class EvalConfig(Section):
@@ -123,6 +137,26 @@ class EvalConfig(Section):
     max_new_tokens: int = Field(128, ge=1)
     batch_size: int = Field(32, ge=1)
     max_turns: int = Field(10, ge=1)  # assistant replies per episode of a multi-turn (workspace) family
+
+
+class RuntimeConfig(Section):
+    """Where rollouts and training run, and how far rollouts may run ahead of the trainer."""
+    mode: Literal["sync", "async"] = "sync"  # sync: generate, then train, in turn (the on-policy reference)
+    max_staleness: int = Field(1, ge=0)  # async: a step's rollouts may start this many versions behind the trainer
+    partial_rollouts: bool = True  # async: a weight update reaches generation in flight (per-token versions recorded)
+    backend: Literal["local", "ray"] = "local"
+    workers: int = Field(1, ge=1)  # rollout workers (engine + agent loop + sandbox scoring each)
+    worker_kind: Literal["thread", "process"] = "process"  # local async workers: threads share the GIL; processes do not
+    worker_threads: int | None = Field(None, ge=1)  # torch threads of a process worker; None: all cores (they time-share)
+    weight_sync: Literal["auto", "inprocess", "shm", "files"] = "auto"  # auto: inprocess for threads, shm for processes
+    buffer_capacity: int = Field(0, ge=0)  # groups held between workers and trainer; 0: (max_staleness + 2) x prompts_per_step
+    buffer_order: Literal["fifo", "recency", "priority"] = "fifo"  # fifo trains each step on its own request (deterministic)
+    request_timeout_s: float = Field(1800.0, gt=0)  # a request running longer (a hung episode) is killed and requeued
+    max_retries: int = Field(2, ge=0)  # requeues of one request before its episodes count as infra errors
+    trainers: int = Field(1, ge=1)  # data-parallel trainer processes (torch.distributed: gloo on CPU, NCCL on GPU)
+    address: str | None = None  # ray: "auto" joins a running cluster (`ray start --head`); None starts a local one
+    worker_cpus: float = Field(1.0, gt=0)  # ray: CPUs a rollout actor asks for
+    worker_memory_gb: float | None = Field(None, gt=0)  # ray: memory a rollout actor asks for (None: no request)
 
 
 class LogConfig(Section):
@@ -142,6 +176,7 @@ class RunConfig(Section):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     data: DataConfig = DataConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
     log: LogConfig = LogConfig()
 
     @property

@@ -96,3 +96,33 @@ def test_overlong_penalty_is_soft_then_full():
 
     got = overlong_penalty(torch.tensor([10, 96, 112, 128, 200]), max_len=128, buffer=32)
     assert torch.allclose(got, torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0]))
+
+
+def test_off_policy_weights_tis_and_decoupled_against_a_loop():
+    from longhaul.rl.losses import off_policy_weight
+
+    prox, beh = _r((3, 5), 7, 0.5), _r((3, 5), 8, 0.5)
+    tis = off_policy_weight("tis", prox, beh, 1.5)
+    dec = off_policy_weight("decoupled", prox, beh, 1.5)
+    free = off_policy_weight("decoupled", prox, beh, None)
+    assert off_policy_weight("tis", prox, beh, None) is None  # no cap: TIS is off
+    for b in range(3):
+        for t in range(5):
+            r = math.exp(prox[b, t].item() - beh[b, t].item())
+            assert abs(tis[b, t].item() - min(r, 1.5)) < 1e-12
+            assert abs(dec[b, t].item() - (r if r <= 1.5 else 0.0)) < 1e-12  # over the cap: dropped, not truncated
+            assert abs(free[b, t].item() - r) < 1e-12
+
+
+def test_decoupled_ppo_gradient_is_the_importance_weighted_policy_gradient():
+    """Inside the clip region, d/dlogp of w * ppo_clip(logp, prox, A) is -w * A / n per token."""
+    from longhaul.rl.losses import off_policy_weight
+
+    logp = _r((2, 4), 11, 0.1).requires_grad_()
+    prox, beh, adv = logp.detach().clone(), logp.detach() + _r((2, 4), 12, 0.2), _r((2, 4), 13)
+    mask = torch.ones(2, 4, dtype=torch.float64)
+    w = off_policy_weight("decoupled", prox, beh, None)
+    tok, _ = POLICY_LOSSES.get_fn("ppo_clip")(logp, prox, adv, clip_low=0.2, clip_high=0.2, mask=mask)
+    aggregate(tok * w, mask, "token-mean", 8.0, 2.0).backward()
+    expect = -w * adv / 8.0
+    assert (logp.grad - expect).abs().max() < 1e-12, (logp.grad - expect).abs().max()

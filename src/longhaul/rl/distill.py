@@ -30,7 +30,7 @@ from longhaul.errors import LonghaulError
 from longhaul.models.lora import unwrap
 from longhaul.rl.grpo import GRPOTrainer, padded_rows
 from longhaul.rl.logprobs import autocast_ctx, right_pad
-from longhaul.rl.losses import aggregate, entropy_bonus, truncated_is_weight
+from longhaul.rl.losses import aggregate, entropy_bonus, off_policy_weight
 from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
 from longhaul.rl.registry import Registry
 from longhaul.types import Trajectory
@@ -241,8 +241,8 @@ class OnPolicyDistillTrainer(GRPOTrainer):
                 adv = adv + self.reward_weight * padded_rows([outcome[i] for i in idx], adv) * mask
             tok_loss, _ = self.loss_fn(logp, old, adv, clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
                                        clip_c=self.algo.dual_clip_c, mask=mask)
-            if self.algo.tis_cap is not None:
-                tok_loss = tok_loss * truncated_is_weight(old, beh, self.algo.tis_cap)
+            if (w := off_policy_weight(self.algo.off_policy, old, beh, self.algo.tis_cap)) is not None:
+                tok_loss = tok_loss * w
             if self.algo.entropy_coef > 0:
                 tok_loss = tok_loss + entropy_bonus(ent, self.algo.entropy_coef)
             loss = aggregate(tok_loss, mask, self.algo.aggregation, n_tok, n_seq, max_len)

@@ -20,7 +20,7 @@ from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.rl.advantages import ADVANTAGES
 from longhaul.rl.logprobs import completion_logprobs, shared_prompt_logprobs
 from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
-from longhaul.rl.losses import KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_bonus, overlong_penalty, truncated_is_weight
+from longhaul.rl.losses import KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_bonus, overlong_penalty, off_policy_weight
 from longhaul.types import Trajectory
 
 
@@ -178,8 +178,8 @@ class GRPOTrainer(OptimizerState):
             beh = padded_rows([behaviour[i] for i in idx], old)  # the sampler's log-probs, (B, T)
             tok_loss, clip = self.loss_fn(logp, old, padded_rows([advs[i] for i in idx], old), clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
                                           clip_c=self.algo.dual_clip_c, mask=mask)
-            if self.algo.tis_cap is not None:
-                tok_loss = tok_loss * truncated_is_weight(old, beh, self.algo.tis_cap)
+            if (w := off_policy_weight(self.algo.off_policy, old, beh, self.algo.tis_cap)) is not None:
+                tok_loss = tok_loss * w
             if self.algo.entropy_coef > 0:
                 tok_loss = tok_loss + entropy_bonus(ent, self.algo.entropy_coef)
                 ent = ent.detach()

@@ -115,6 +115,24 @@ def truncated_is_weight(trainer_old_logp, behaviour_logp, cap: float = 2.0):
         return torch.clamp(torch.exp(trainer_old_logp - behaviour_logp), max=cap)
 
 
+def off_policy_weight(kind: str, proximal_logp, behaviour_logp, cap: float | None):
+    """Per-token weight (B, T) that corrects for tokens sampled by an older (or lower-precision)
+    policy than the one the update starts from, or None for no correction. No grad.
+
+    `tis`: truncated importance sampling, min(pi_prox / mu, cap); off when cap is None.
+    `decoupled`: the decoupled PPO objective (Hilton et al. 2022; AReaL): the clipped ratio is
+    taken against the proximal policy (the trainer's log-probs before this update) and each
+    token's loss is weighted by pi_prox / mu; tokens whose weight exceeds `cap` are dropped
+    (weight 0) rather than truncated, as AReaL does; no cap keeps every weight."""
+    if kind == "tis":
+        return None if cap is None else truncated_is_weight(proximal_logp, behaviour_logp, cap)
+    if kind != "decoupled":
+        raise ValueError(f"unknown off-policy correction {kind!r}; use tis or decoupled")
+    with torch.no_grad():
+        w = torch.exp(proximal_logp - behaviour_logp)
+        return w if cap is None else w * (w <= cap)
+
+
 def kl_reward_penalty(rewards, logp, ref_logp, mask, coef: float):
     """KL as a reward penalty (the InstructGPT/PPO form): per-token reward -coef * (logp - ref),
     with the sequence's outcome reward added at its last token. Returns (B, T) token rewards."""

@@ -46,7 +46,7 @@ from longhaul.rl.losses import (
     clipped_value_loss,
     entropy_bonus,
     kl_reward_penalty,
-    truncated_is_weight,
+    off_policy_weight,
 )
 from longhaul.rl.optim import clip_and_step, make_optimizer
 from longhaul.types import Trajectory
@@ -222,8 +222,8 @@ class PPOTrainer:
             mask = mask * exp.mask[c, :T]
             old, adv = exp.old_logp[c, :T], exp.advantages[c, :T]
             tok_loss, clip = self.loss_fn(logp, old, adv, clip_low=a.clip_low, clip_high=a.clip_high, clip_c=a.dual_clip_c, mask=mask)
-            if a.tis_cap is not None:
-                tok_loss = tok_loss * truncated_is_weight(old, exp.behaviour[c, :T], a.tis_cap)
+            if (w := off_policy_weight(a.off_policy, old, exp.behaviour[c, :T], a.tis_cap)) is not None:
+                tok_loss = tok_loss * w
             ent = ent * mask
             if a.entropy_coef > 0:
                 tok_loss = tok_loss + entropy_bonus(ent, a.entropy_coef)
