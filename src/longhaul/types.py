@@ -7,7 +7,7 @@ between the sampler and the trainer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,20 @@ class Trajectory:
     @property
     def completion_len(self) -> int:
         return sum(len(t.completion_ids) for t in self.turns)
+
+    @property
+    def min_version(self) -> int:
+        """The oldest weight version behind any of its tokens (its staleness is measured from this)."""
+        return min((v for t in self.turns for v in t.versions), default=0)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready copy; `from_dict(json.loads(json.dumps(d)))` gives back an equal trajectory
+        (floats survive JSON exactly: Python writes the shortest repr that reads back the same)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Trajectory":
+        return cls([Turn(**t) for t in d["turns"]], d["reward"], d["group"], dict(d.get("info", {})))
 
     def sequences(self) -> list["Sequence"]:
         """One training sequence per segment: the segment's first prompt, then every later token

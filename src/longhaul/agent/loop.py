@@ -32,6 +32,7 @@ class Generation:
     logprobs: list[float]
     finish_reason: str  # "stop" or "length"
     version: int = 0  # weight version that produced the tokens
+    versions: list[int] = field(default_factory=list)  # per token, where the sampler records it (else `version` for all)
 
 
 class Policy(Protocol):
@@ -49,7 +50,7 @@ class ModelPolicy:
 
         outs = generate(self.model, self.tok, prompts, sampling, seed=self.seed)
         self.seed += 1
-        return [Generation(o.token_ids, o.logprobs, o.finish_reason, self.version) for o in outs]
+        return [Generation(o.token_ids, o.logprobs, o.finish_reason, self.version, list(o.versions)) for o in outs]
 
 
 class ScriptedPolicy:
@@ -204,7 +205,7 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
             def step(i: int):
                 ep, g = episodes[i], gens[i]
                 n = len(g.token_ids)
-                ep.turns.append(Turn(list(ep.ids), list(g.token_ids), list(g.logprobs), [g.version] * n, [1] * n,
+                ep.turns.append(Turn(list(ep.ids), list(g.token_ids), list(g.logprobs), list(g.versions) or [g.version] * n, [1] * n,
                                      g.finish_reason, ep.segment))
                 reply = _reply_text(tok, g.token_ids)
                 try:

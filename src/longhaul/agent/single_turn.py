@@ -32,7 +32,8 @@ def run_groups(model, tok, family, tasks, params: SamplingParams, group_size: in
         for k in range(group_size):
             i = g * group_size + k
             o, s = outs[i], scores[i]
-            turn = Turn(prompts[g], o.token_ids, o.logprobs, [version] * len(o.token_ids), [1] * len(o.token_ids), o.finish_reason)
+            versions = o.versions or [version] * len(o.token_ids)  # the engine records each token's (partial rollouts span versions)
+            turn = Turn(prompts[g], o.token_ids, o.logprobs, versions, [1] * len(o.token_ids), o.finish_reason)
             info = {"task_id": task.task_id, "family": task.family, "version": task.version, "status": s.status,
                     "passed": s.passed, "ended": "truncated" if o.finish_reason == "length" else "done", "reply": replies[i]}
             group.append(Trajectory([turn], s.reward, g, info))

@@ -38,6 +38,7 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "length"  # "stop" (eos or stop string) or "length"
+    versions: list[int] = field(default_factory=list)  # weight version of each token; empty: the caller's version
 
 
 def _process(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

@@ -30,7 +30,8 @@ def generate(sampler, tok, prompts: list[list[int]], params: SamplingParams, see
                          stop=list(params.stop) or None, include_stop_str_in_output=True, skip_special_tokens=False,
                          seed=(seed * 1_000_003 + i) % (2 ** 63)) for i in range(len(prompts))]
     outs = sampler.generate([list(p) for p in prompts], reqs)
-    return [Completion(list(o.token_ids), list(o.logprobs), "length" if o.finish_reason == "length" else "stop") for o in outs]
+    return [Completion(list(o.token_ids), list(o.logprobs), "length" if o.finish_reason == "length" else "stop", list(o.weight_version))
+            for o in outs]
 
 
 def context_length(sampler) -> int:

@@ -44,6 +44,16 @@ class MetricsLog:
             self.tb.close()
 
 
+# metrics that measure the wall clock: they differ between two runs that compute the same thing
+CLOCK_PREFIXES = ("timing", "throughput/", "weight_sync/seconds", "weight_sync/total_seconds", "trainer/idle", "rollout/idle",
+                  "step_time", "tokens_per_s")
+
+
+def without_clock(row: dict) -> dict:
+    """A metrics row without its wall-clock figures (what reproducibility checks compare)."""
+    return {k: v for k, v in row.items() if not k.startswith(CLOCK_PREFIXES)}
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     p = run_dir / "metrics.jsonl"
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []

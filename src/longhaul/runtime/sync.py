@@ -1,9 +1,10 @@
-"""The synchronous, on-policy RL run (GRPO, PPO, on-policy distillation): evaluate the base policy, train, evaluate again, report.
+"""An online RL run (GRPO, PPO, on-policy distillation): evaluate the base policy, train, evaluate again, report.
 
-One process: sample groups with a (bf16) copy of the policy, score them with the task
-family's verifier, take one GRPO step, copy the new weights into the sampler, log,
-checkpoint. Everything that can be wrong with the input is checked before `runs/<name>/`
-is created.
+`run_training` sets the run up (config checks, run directory, trainer, resume) and hands the
+loop to `runtime.controller.Controller`: synchronous by default (sample with a copy of the
+policy, score, one trainer step, copy the new weights back), or asynchronous with rollout
+workers running ahead by at most `runtime.max_staleness` versions. Everything that can be
+wrong with the input is checked before `runs/<name>/` is created.
 """
 
 from __future__ import annotations
@@ -16,23 +17,23 @@ from pathlib import Path
 import torch
 import transformers
 
-from longhaul.agent.rollout import rollout_groups
 from longhaul.agent.single_turn import encode_prompt
 from longhaul.config import RunConfig, dump_config
 from longhaul.envs import get_family
-from longhaul.envs.registry import reward_family
 from longhaul.errors import LonghaulError
 from longhaul.eval.envcheck import require_checked
 from longhaul.eval.passrate import EvalResult, compare, evaluate
 from longhaul.eval.report import write_report
-from longhaul.inference import LLMEngine, SamplingParams, make_engine, sync_weights
 from longhaul.models import load_frozen, load_policy
 from longhaul.models.lora import apply_lora
 from longhaul.rl.checkpoint import list_checkpoints, load_trainer_state, load_weights, save_checkpoint, set_rng_state
-from longhaul.rl.grpo import GRPOTrainer, frozen_copy
+from longhaul.rl.grpo import GRPOTrainer
 from longhaul.rl.registry import Registry
+from longhaul.runtime.buffer import ReplayBuffer
+from longhaul.runtime.controller import Controller, buffer_capacity, make_rollouts
 from longhaul.runtime.metrics import MetricsLog, read_metrics
 from longhaul.runtime.progress import console, progress_bar
+from longhaul.runtime.rollout import build_family, make_sampler
 
 
 def _grpo(cfg: RunConfig, policy, tok):
@@ -69,14 +70,9 @@ class Prepared:
 
 def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
     """Load and validate everything; touches nothing on disk except the model cache."""
-    family = get_family(cfg.task.family)
-    excluded = require_checked(family) if cfg.task.require_envcheck and training else set()
-    if cfg.task.reward:
-        family = reward_family(family, cfg.task.reward)
-    if cfg.task.reward_model:
-        from longhaul.rl.reward_model import reward_model_family
-
-        family = reward_model_family(family, cfg.task.reward_model)
+    excluded = require_checked(get_family(cfg.task.family)) if cfg.task.require_envcheck and training else set()
+    family = build_family(cfg)
+    _check_runtime(cfg)
     n_train = cfg.train.steps * cfg.rollout.prompts_per_step * (1 + (cfg.algo.max_refill_rounds if cfg.algo.dynamic_sampling else 0))  # refills draw extra tasks
     try:
         train_tasks = _usable(family, "train", n_train, cfg, excluded) if n_train else []
@@ -102,12 +98,16 @@ def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
     return Prepared(cfg, family, policy, tok, train_tasks, heldout)
 
 
-def _make_sampler(cfg: RunConfig, policy, tok):
-    """What rollouts sample from: the paged engine holding a copy of the policy's weights in
-    rollout.dtype (the default), or for rollout.sampler=hf the HF model (a bf16 copy)."""
-    if cfg.rollout.sampler == "engine":
-        return make_engine(policy, tok, cfg.rollout.dtype, max_model_len=cfg.model.context_length)
-    return frozen_copy(policy, torch.bfloat16) if cfg.rollout.dtype == "bfloat16" else policy
+def _check_runtime(cfg: RunConfig) -> None:
+    rt = cfg.runtime
+    need = (rt.max_staleness + 1 if rt.mode == "async" else 1) * cfg.rollout.prompts_per_step
+    if rt.buffer_capacity and rt.buffer_capacity < need:
+        raise LonghaulError(f"runtime.buffer_capacity={rt.buffer_capacity} cannot hold the {need} groups that max_staleness "
+                            f"{rt.max_staleness} keeps in flight; raise it to >= {need} or set 0 (automatic)")
+    if rt.trainers > 1 and cfg.algo.name != "grpo":
+        raise LonghaulError(f"runtime.trainers={rt.trainers} (data-parallel training) supports algo.name=grpo only; set runtime.trainers=1")
+    if rt.mode == "async" and cfg.rollout.sampler != "engine":
+        raise LonghaulError("runtime.mode=async needs rollout.sampler=engine (weights are swapped while generation runs)")
 
 
 def _usable(family, split: str, n: int, cfg: RunConfig, excluded: set[str]) -> list:
@@ -145,36 +145,6 @@ def evaluate_heldout(prep: Prepared, make_model, label: str, path: Path, samples
     return res
 
 
-def _collect(cfg: RunConfig, prep: Prepared, sampler, params, step: int, cursor: int):
-    """This step's groups from the next prompts_per_step tasks. With algo.dynamic_sampling
-    (DAPO), groups whose rewards are all equal carry no gradient: they are replaced by groups of
-    further tasks, for up to algo.max_refill_rounds extra rounds. Returns (groups, timings, cursor)."""
-    P = cfg.rollout.prompts_per_step
-
-    def roll(tasks, round_):
-        return rollout_groups(sampler, prep.tok, prep.family, tasks, cfg.rollout.group_size, params,
-                              seed=cfg.seed * 1_000_003 + step + 7919 * round_, version=step - 1, max_turns=cfg.rollout.max_turns,
-                              max_tokens=cfg.model.context_length, exec_timeout_s=cfg.rollout.exec_timeout_s,
-                              exec_workers=cfg.rollout.exec_workers)
-
-    groups, gen = roll(prep.train_tasks[cursor:cursor + P], 0)
-    cursor += P
-    if not cfg.algo.dynamic_sampling:
-        return groups, gen, cursor
-    varied = lambda gs: [g for g in gs if len({t.reward for t in g}) > 1]
-    kept, sampled, rounds = varied(groups), len(groups), 0
-    while len(kept) < P and rounds < cfg.algo.max_refill_rounds and cursor < len(prep.train_tasks):
-        rounds += 1
-        more = prep.train_tasks[cursor:cursor + P - len(kept)]
-        cursor += len(more)
-        extra, g2 = roll(more, rounds)
-        gen = {k: gen[k] + g2[k] for k in gen}
-        kept += varied(extra)
-        sampled += len(extra)
-    gen.update({"dynamic_sampling/groups_sampled": sampled, "dynamic_sampling/refill_rounds": rounds})
-    return (kept[:P] or groups), gen, cursor
-
-
 def _step_metrics(groups, gen: dict, m: dict, step_time: float) -> dict:
     trajs = [t for g in groups for t in g]
     lens = [t.completion_len for t in trajs]
@@ -185,9 +155,10 @@ def _step_metrics(groups, gen: dict, m: dict, step_time: float) -> dict:
         "completions/min_length": min(lens),
         "completions/max_length": max(lens),
         "completions/clipped_ratio": sum(bool(t.turns) and t.turns[-1].finish_reason == "length" for t in trajs) / len(trajs),
-        **{k: v for k, v in gen.items() if k.startswith("dynamic_sampling/")},
+        **{k: v for k, v in gen.items() if k.startswith(("dynamic_sampling/", "staleness/", "rollout/", "timing/wait"))},
         "timing/gen": gen["timing/gen"],
         "timing/score": gen["timing/score"],
+        "gen_tokens": gen["gen_tokens"],
         "step_time": step_time,
         "tokens_per_s": (gen["gen_tokens"] + m["num_tokens"]) / step_time,
     }
@@ -216,50 +187,63 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         start = state["step"]
         cursor = state.get("data_position", start * cfg.rollout.prompts_per_step)
         console.print(f"resuming from {ckpt} (step {start})")
-    sampler = _make_sampler(cfg, policy, tok)
     log = MetricsLog(run_dir, cfg.log.tensorboard, resume_step=start if resume else None)
     if start < cfg.train.steps:  # results of an earlier, shorter run describe other weights
         (run_dir / "eval_trained.json").unlink(missing_ok=True)
+    buffer = ReplayBuffer.open(run_dir / "buffer.jsonl", buffer_capacity(cfg), cfg.runtime.buffer_order,
+                               resume_step=start if resume else None)
+    rollouts = make_rollouts(cfg, family, tok, policy, run_dir)
+    # evaluation samples in this process: with the inline worker's sampler, else a sampler of its own
+    eval_sampler = (lambda: rollouts.sampler) if hasattr(rollouts, "sampler") else (lambda: make_sampler(cfg, policy, tok))
     base = None
     if cfg.eval.before_after:
         # a resumed run normally finds the base result on disk; if not, the base weights are reloaded
-        base_model = (lambda: sampler) if ckpt is None else (lambda: _make_sampler(cfg, load_policy(cfg.model.name)[0], tok))
+        base_model = eval_sampler if ckpt is None else (lambda: make_sampler(cfg, load_policy(cfg.model.name)[0], tok))
         base = evaluate_heldout(prep, base_model, "base", run_dir / "eval_base.json")
-    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                            top_p=cfg.rollout.top_p, stop=family.stop, batch_size=64)
-    with progress_bar(cfg.log.progress) as prog:
-        bar = prog.add_task("train", total=cfg.train.steps, completed=start, info="")
-        for step in range(start + 1, cfg.train.steps + 1):
-            t0 = time.perf_counter()
-            groups, gen, cursor = _collect(cfg, prep, sampler, params, step, cursor)
-            m = trainer.step(groups)
-            if isinstance(sampler, LLMEngine):
-                sync_weights(sampler, policy, version=step)
-            elif sampler is not policy:
-                sampler.load_state_dict(policy.state_dict())
-            metrics = _step_metrics(groups, gen, m, time.perf_counter() - t0)
-            log.write(step, metrics)
-            kl_key = "distill/reverse_kl" if "distill/reverse_kl" in metrics else "kl"
-            info = (f"reward {metrics['reward']:.3f} pass {metrics['pass_rate']:.2f} {kl_key} {metrics[kl_key]:.4f} "
-                    f"len {metrics['completions/mean_length']:.0f} {metrics['tokens_per_s']:.0f} tok/s {metrics['step_time']:.1f}s/step")
-            prog.console.print(f"step {step}/{cfg.train.steps}  {info}")
-            for warning in _stability_warnings(metrics, cfg):
-                prog.console.print(f"[yellow]warning:[/] {warning}")
-            prog.update(bar, advance=1, info=info)
-            if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
-                save_checkpoint(run_dir / "checkpoints", step, policy, tok,
-                                {**trainer.state_dict(), "data_position": cursor}, cfg.train.keep_last)
+    ctl = Controller(cfg, prep.train_tasks, trainer, rollouts, buffer, policy, cursor)
+    t_train = time.perf_counter()
+    try:
+        ctl.start(start)
+        _train_steps(cfg, ctl, trainer, policy, tok, run_dir, log, start)
+    finally:
+        ctl.close()
+    t_train = time.perf_counter() - t_train
     log.close()
-    result = {"run_dir": str(run_dir), "steps": cfg.train.steps}
+    result = {"run_dir": str(run_dir), "steps": cfg.train.steps, "train_wall_s": t_train}  # the loop, worker start-up included
     comparison = None
     if base is not None:
-        trained = evaluate_heldout(prep, lambda: sampler, "trained", run_dir / "eval_trained.json")
+        trained = evaluate_heldout(prep, eval_sampler, "trained", run_dir / "eval_trained.json")
         comparison = compare(base, trained)
         _print_comparison(comparison)
         result["comparison"] = comparison
     report = write_report(run_dir, read_metrics(run_dir), comparison, f"longhaul run {cfg.name}")
     console.print(f"report: {report}")
     return result
+
+
+def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir: Path, log: MetricsLog, start: int) -> None:
+    with progress_bar(cfg.log.progress) as prog:
+        bar = prog.add_task("train", total=cfg.train.steps, completed=start, info="")
+        for step in range(start + 1, cfg.train.steps + 1):
+            t0 = time.perf_counter()
+            ctl.admit(cfg.train.steps)
+            groups, gen = ctl.gather(step)
+            m = trainer.step(groups)
+            ctl.publish(step)
+            metrics = {**_step_metrics(groups, gen, m, time.perf_counter() - t0), **ctl.stats()}
+            log.write(step, metrics)
+            kl_key = "distill/reverse_kl" if "distill/reverse_kl" in metrics else "kl"
+            info = (f"reward {metrics['reward']:.3f} pass {metrics['pass_rate']:.2f} {kl_key} {metrics[kl_key]:.4f} "
+                    f"len {metrics['completions/mean_length']:.0f} {metrics['tokens_per_s']:.0f} tok/s {metrics['step_time']:.1f}s/step")
+            if cfg.runtime.mode == "async":
+                info += f" stale {metrics['staleness/mean']:.2f}"
+            prog.console.print(f"step {step}/{cfg.train.steps}  {info}")
+            for warning in _stability_warnings(metrics, cfg):
+                prog.console.print(f"[yellow]warning:[/] {warning}")
+            prog.update(bar, advance=1, info=info)
+            if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
+                save_checkpoint(run_dir / "checkpoints", step, policy, tok,
+                                {**trainer.state_dict(), "data_position": ctl.cursor}, cfg.train.keep_last)
 
 
 def _stability_warnings(m: dict, cfg: RunConfig) -> list[str]:

@@ -1,0 +1,200 @@
+"""The local backends: rollout workers in this process or in its children.
+
+- `InlineRollouts` runs each request in the caller's thread when results are polled, and loads
+  weights by direct copy: the synchronous run, and the reference every other backend must match.
+- `ThreadRollouts`: workers are threads of this process, each with its own engine; weights go
+  through `InProcessWeights` (one copy a version) and reach generation in flight.
+- `ProcessRollouts`: workers are spawned child processes, each loading the model, its family and
+  its engine once; weights go through shared memory (or files); requests and results travel
+  as pickles over multiprocessing queues. A child that dies or hangs is replaced by the pool.
+
+Not owned here: dispatch, requeue and failure policy (`pool.WorkerPool`), the Ray backend.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import traceback
+
+from longhaul.runtime.pool import WorkerPool, policy_tensors
+from longhaul.runtime.rollout import RolloutRequest, RolloutResult, RolloutWorker, WeightWatcher, make_sampler, worker_from_config
+from longhaul.runtime.weights import FileWeights, InProcessWeights, SharedMemoryWeights, SyncStats
+
+
+class InlineRollouts:
+    """One worker, no concurrency: `poll` runs the oldest pending request to completion."""
+
+    def __init__(self, cfg, family, tok, policy):
+        self.cfg, self.policy = cfg, policy
+        self.sampler = make_sampler(cfg, policy, tok)
+        self.worker = RolloutWorker(cfg, family, tok, self.sampler, "inline")
+        self.sync = SyncStats()
+        self._pending: list[RolloutRequest] = []
+        self.busy_s = 0.0
+
+    def start(self) -> None:
+        pass
+
+    def submit(self, req: RolloutRequest) -> None:
+        self._pending.append(req)
+
+    def poll(self, timeout: float | None = None) -> list[RolloutResult]:
+        if not self._pending:
+            return []
+        self._pending.sort(key=lambda r: (r.step, r.round))
+        res = self.worker.run(self._pending.pop(0))
+        self.busy_s += res.finished - res.started
+        return [res]
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    def load_weights(self, policy, version: int) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        if self.sampler is policy:  # the HF sampler in fp32 is the policy itself
+            self.worker.version = version
+            return
+        tensors = policy_tensors(policy)
+        self.worker.load_weights(tensors, version)
+        self.sync.published(sum(t.numel() * t.element_size() for t in tensors.values()), time.perf_counter() - t0)
+
+    def stats(self) -> dict:
+        return {"rollout/pending_requests": len(self._pending)}
+
+    def close(self) -> None:
+        pass
+
+
+def _serve(make_worker, transport, wid: int, inbox, box, stop=None) -> None:
+    """A worker's life, in a thread or a child process: build it, report ready, run requests
+    from `box` (after waiting for the weights each may start from) until a None arrives."""
+    try:
+        worker = make_worker()
+        watcher = WeightWatcher(worker, transport)
+        watcher.wait_for(0)
+        if worker.cfg.runtime.partial_rollouts:
+            watcher.start()
+    except Exception as e:
+        inbox.put(("error", wid, f"worker start: {type(e).__name__}: {e}"))
+        return
+    inbox.put(("ready", wid, None))
+    while stop is None or not stop.is_set():
+        req = box.get()
+        if req is None:
+            break
+        try:
+            watcher.wait_for(req.min_version)
+            inbox.put(("result", wid, worker.run(req)))
+        except Exception as e:
+            inbox.put(("error", wid, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
+    watcher.stop()
+
+
+class _TransportPool(WorkerPool):
+    """Workers fed through per-worker request boxes, weights through `self.transport`."""
+    transport = None
+    _boxes: dict
+
+    @property
+    def sync(self) -> SyncStats:
+        return self.transport.stats
+
+    def load_weights(self, policy, version: int) -> None:
+        self.transport.publish(policy_tensors(policy), version)
+
+    def _send(self, wid: int, req: RolloutRequest) -> None:
+        self._boxes[wid].put(req)
+
+
+class ThreadRollouts(_TransportPool):
+    def __init__(self, cfg, family, tok, policy):
+        super().__init__(cfg, cfg.runtime.workers)
+        self.family, self.tok, self.policy = family, tok, policy
+        import torch
+
+        self.transport = InProcessWeights(torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else None)
+        self.transport.publish(policy_tensors(policy), 0)
+        self._boxes: dict[int, queue.Queue] = {}
+        self._stop: dict[int, threading.Event] = {}
+
+    def _make_worker(self, wid: int) -> RolloutWorker:
+        from longhaul.rl.grpo import frozen_copy
+
+        own = self.policy if self.cfg.rollout.sampler == "engine" else frozen_copy(self.policy)  # the engine copies weights itself
+        return RolloutWorker(self.cfg, self.family, self.tok, make_sampler(self.cfg, own, self.tok), f"thread-{wid}", version=-1)
+
+    def _spawn(self, wid: int) -> None:
+        box, stop = queue.Queue(), threading.Event()
+        self._boxes[wid], self._stop[wid] = box, stop
+        threading.Thread(target=_serve, args=(lambda: self._make_worker(wid), self.transport, wid, self.inbox, box, stop),
+                         name=f"rollout-{wid}", daemon=True).start()
+
+    def _alive(self, wid: int) -> bool:
+        return not self._stop[wid].is_set()
+
+    def _kill(self, wid: int) -> None:  # a thread cannot be killed: it is told to stop after its request
+        self._stop[wid].set()
+        self._boxes[wid].put(None)
+
+
+def _child_main(cfg_json: str, wid: int, transport, inbox, box, threads: int | None) -> None:
+    """A process worker: everything is built from the config inside the child."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    from longhaul.config import RunConfig
+
+    cfg = RunConfig.model_validate_json(cfg_json)
+    _serve(lambda: worker_from_config(cfg, f"process-{wid}"), transport, wid, inbox, box)
+
+
+class ProcessRollouts(_TransportPool):
+    def __init__(self, cfg, family, tok, policy, run_dir=None):
+        super().__init__(cfg, cfg.runtime.workers)
+        import torch
+        import torch.multiprocessing as mp
+
+        self.ctx = mp.get_context("spawn")
+        dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else None
+        tensors = policy_tensors(policy)
+        if cfg.runtime.weight_sync == "files":
+            if run_dir is None:
+                raise ValueError("weight_sync=files needs the run directory")
+            self.transport = FileWeights(run_dir / "weights", dtype)
+        else:
+            self.transport = SharedMemoryWeights(tensors, dtype, self.ctx)
+        self.transport.publish(tensors, 0)
+        self.inbox = self.ctx.Queue()  # children write here; the pool reads it like the thread backend's queue
+        self._procs: dict[int, object] = {}
+        self._boxes: dict[int, object] = {}
+        self._cfg_json = cfg.model_dump_json()
+
+    def _spawn(self, wid: int) -> None:
+        box = self.ctx.Queue()
+        p = self.ctx.Process(target=_child_main, name=f"longhaul-rollout-{wid}", daemon=True,
+                             args=(self._cfg_json, wid, self.transport, self.inbox, box, self.cfg.runtime.worker_threads))
+        p.start()
+        self._procs[wid], self._boxes[wid] = p, box
+
+    def _alive(self, wid: int) -> bool:
+        return self._procs[wid].is_alive()
+
+    def _kill(self, wid: int) -> None:
+        p = self._procs.get(wid)
+        if p is None:
+            return
+        if p.is_alive():
+            self._boxes[wid].put(None)
+            p.join(timeout=2)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+
+    @property
+    def pids(self) -> dict[int, int]:
+        return {wid: p.pid for wid, p in self._procs.items() if wid in self._live}

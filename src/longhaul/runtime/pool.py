@@ -1,0 +1,198 @@
+"""The rollout pool: dispatches requests to workers, collects results, survives failures.
+
+`WorkerPool` is the part every backend shares: a queue of pending requests ordered by (step,
+round) so the oldest step is always served first; one request at a time per worker; a worker
+that dies (its process exits, its actor is killed) or overruns `request_timeout_s` (a hung
+episode) is replaced and its request requeued; a request that fails `max_retries` times
+comes back as infra-error episodes, which the trainer neither scores nor trains on. Finished
+results are never lost to a failure of a worker: a worker hands a result over whole, and only
+unfinished requests are requeued.
+
+A backend subclasses it with four methods: `_spawn(wid)`, `_send(wid, request)`,
+`_alive(wid)` and `_kill(wid)`, and puts ("ready" | "result" | "error", wid, payload) messages
+on `self.inbox`. The pool's public face is what the controller calls: `submit`, `poll`,
+`load_weights`, `close`, `stats`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import queue
+import threading
+import time
+
+from longhaul.errors import LonghaulError
+from longhaul.runtime.rollout import RolloutRequest, RolloutResult, infra_failure
+
+
+def policy_tensors(policy) -> dict:
+    """The policy's HF-named weights (LoRA merged), each storage once (tied embeddings share one)."""
+    from longhaul.inference.rollout_sampler import merged_state_dict
+
+    out, seen = {}, set()
+    for name, t in merged_state_dict(policy).items():
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        out[name] = t
+    return out
+
+
+class WorkerPool:
+    def __init__(self, cfg, n_workers: int):
+        self.cfg = cfg
+        self.n = n_workers
+        self.inbox: queue.Queue = queue.Queue()
+        self._pending: list = []  # heap of (step, round, seq, request)
+        self._seq = 0
+        self._running: dict[int, tuple[RolloutRequest, float]] = {}  # worker id -> (request, monotonic start)
+        self._idle: set[int] = set()
+        self._live: set[int] = set()
+        self._next_wid = 0
+        self.t0 = time.monotonic()
+        self.busy_s = 0.0  # worker-seconds spent on requests
+        self.restarts = 0
+        self.requeued = 0
+        self.failed_requests = 0
+        self._start_failures = 0
+        self._given_up: list[RolloutResult] = []  # requests that failed for good, as infra-error results
+        self._lock = threading.RLock()  # the controller submits while the receiver thread polls
+
+    # ---- controller side ------------------------------------------------------------------
+    def start(self) -> None:
+        with self._lock:
+            for _ in range(self.n):
+                self._new_worker()
+
+    def submit(self, req: RolloutRequest) -> None:
+        with self._lock:
+            self._seq += 1
+            heapq.heappush(self._pending, (req.step, req.round, self._seq, req))
+            self._dispatch()
+
+    def poll(self, timeout: float | None = None) -> list[RolloutResult]:
+        """Results finished since the last call; waits up to `timeout` for at least one (None: forever).
+        Safe to call from one thread while another submits."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: list[RolloutResult] = []
+        while True:
+            with self._lock:
+                out += self._given_up
+                self._given_up = []
+                self._check_health()
+                self._dispatch()
+            wait = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
+            try:
+                msg = self.inbox.get(timeout=wait)
+            except queue.Empty:
+                msg = None
+            with self._lock:
+                while msg is not None:
+                    res = self._handle(*msg)
+                    if res is not None:
+                        out.append(res)
+                    try:
+                        msg = self.inbox.get_nowait()
+                    except queue.Empty:
+                        msg = None
+                if out or (deadline is not None and time.monotonic() >= deadline):
+                    self._dispatch()
+                    return out
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending) + len(self._running)
+
+    def stats(self) -> dict:
+        wall = max(1e-9, time.monotonic() - self.t0)
+        return {"rollout/idle_ratio": max(0.0, 1.0 - self.busy_s / (wall * self.n)), "rollout/pending_requests": len(self._pending),
+                "rollout/running_requests": len(self._running), "rollout/worker_restarts": self.restarts,
+                "rollout/requeued_requests": self.requeued, "rollout/failed_requests": self.failed_requests}
+
+    def close(self) -> None:
+        with self._lock:
+            for wid in list(self._live):
+                self._kill(wid)
+            self._live.clear()
+
+    # ---- bookkeeping ----------------------------------------------------------------------
+    def _new_worker(self) -> int:
+        wid = self._next_wid
+        self._next_wid += 1
+        self._live.add(wid)
+        self._spawn(wid)
+        return wid
+
+    def _dispatch(self) -> None:
+        while self._idle and self._pending:
+            wid = min(self._idle)
+            self._idle.discard(wid)
+            req = heapq.heappop(self._pending)[3]
+            self._running[wid] = (req, time.monotonic())
+            self._send(wid, req)
+
+    def _handle(self, kind: str, wid: int, payload) -> RolloutResult | None:
+        if wid not in self._live:
+            return None  # a replaced worker's last words
+        if kind == "ready":
+            self._idle.add(wid)
+            return None
+        if wid not in self._running:  # it failed before it could serve: replace it, a few times at most
+            self._start_failures += 1
+            if self._start_failures > self.cfg.runtime.max_retries:
+                raise LonghaulError(f"rollout workers failed to start {self._start_failures} times; last: {payload}")
+            self._kill(wid)
+            self._live.discard(wid)
+            self._new_worker()
+            return None
+        req, t = self._running.pop(wid)
+        self.busy_s += time.monotonic() - t
+        self._idle.add(wid)
+        if kind == "result":
+            return payload
+        return self._retry(req, str(payload))
+
+    def _retry(self, req: RolloutRequest, why: str) -> RolloutResult | None:
+        if req.attempt >= self.cfg.runtime.max_retries:
+            self.failed_requests += 1
+            return infra_failure(req, self.cfg.rollout.group_size, f"request {req.uid} failed {req.attempt + 1} times; last: {why}")
+        req.attempt += 1
+        self.requeued += 1
+        self.submit(req)
+        return None
+
+    def _check_health(self) -> None:
+        now = time.monotonic()
+        for wid in list(self._live):
+            running = self._running.get(wid)
+            hung = running is not None and now - running[1] > self.cfg.runtime.request_timeout_s
+            if self._alive(wid) and not hung:
+                continue
+            why = f"worker {wid} {'overran request_timeout_s' if hung else 'died'}"
+            self._kill(wid)
+            self._live.discard(wid)
+            self._idle.discard(wid)
+            self.restarts += 1
+            if running is not None:
+                del self._running[wid]
+                self.busy_s += now - running[1]
+                res = self._retry(running[0], why)
+                if res is not None:
+                    self._given_up.append(res)
+            self._new_worker()
+
+    # ---- backend hooks --------------------------------------------------------------------
+    def load_weights(self, policy, version: int) -> None:
+        raise NotImplementedError
+
+    def _spawn(self, wid: int) -> None:
+        raise NotImplementedError
+
+    def _send(self, wid: int, req: RolloutRequest) -> None:
+        raise NotImplementedError
+
+    def _alive(self, wid: int) -> bool:
+        raise NotImplementedError
+
+    def _kill(self, wid: int) -> None:
+        raise NotImplementedError

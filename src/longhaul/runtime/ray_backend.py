@@ -1,0 +1,148 @@
+"""The Ray backend: rollout workers as Ray actors, weights through the Ray object store.
+
+`RayRollouts` joins a running cluster (`runtime.address: auto`, after `ray start --head`) or
+starts a local one, and creates `runtime.workers` rollout actors, each asking for
+`runtime.worker_cpus` CPUs (and `worker_memory_gb` of memory when set). An actor builds its
+model, family, engine and sandbox scoring once; its `run(request)` is one Ray task, and its
+`load_weights(ref, version)` can run beside it (the actor has two threads), so a new version
+reaches generation in flight just as on the local backends. A new version is `ray.put` once by
+the trainer's side and every actor reads the same object.
+
+Failure handling is the pool's (`pool.WorkerPool`): an actor that dies (killed, OOM, its node
+lost) fails its task with `RayActorError`; the pool creates a replacement and requeues the
+request; finished results were already handed over. Not owned here: scheduling policy across
+nodes (placement groups come from `runtime.scheduling`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from longhaul.errors import LonghaulError
+from longhaul.runtime.pool import WorkerPool, policy_tensors
+from longhaul.runtime.weights import SyncStats, nbytes
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as e:
+        raise LonghaulError("runtime.backend=ray needs Ray: pip install 'longhaul[ray]'") from e
+    return ray
+
+
+class _RolloutActor:
+    """Runs in the actor's process: one RolloutWorker."""
+
+    def __init__(self, cfg_json: str, wid: int, threads: int | None):
+        import torch
+
+        from longhaul.config import RunConfig
+        from longhaul.runtime.rollout import worker_from_config
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.cfg = RunConfig.model_validate_json(cfg_json)
+        self.worker = worker_from_config(self.cfg, f"ray-{wid}")
+        self._cond = threading.Condition()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def load_weights(self, tensors: dict, version: int) -> int:
+        self.worker.load_weights(tensors, version)  # Ray resolves the object ref argument before the call
+        with self._cond:
+            self._cond.notify_all()
+        return self.worker.version
+
+    def run(self, req):
+        with self._cond:  # admission: wait for the weights the request may start from
+            if not self._cond.wait_for(lambda: self.worker.version >= req.min_version, timeout=600):
+                raise TimeoutError(f"weights version {req.min_version} did not reach {self.worker.name}")
+        return self.worker.run(req)
+
+
+class RayRollouts(WorkerPool):
+    def __init__(self, cfg, family, tok, policy, run_dir=None):
+        super().__init__(cfg, cfg.runtime.workers)
+        ray = self.ray = _ray()
+        if not ray.is_initialized():
+            try:
+                ray.init(address=cfg.runtime.address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+            except ConnectionError as e:
+                raise LonghaulError(f"no Ray cluster at runtime.address={cfg.runtime.address!r}: start one with `ray start --head` "
+                                    f"or leave runtime.address unset to start a local one") from e
+        import torch
+
+        self._dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else None
+        opts = {"num_cpus": cfg.runtime.worker_cpus, "max_concurrency": 2, "max_restarts": 0}
+        if cfg.runtime.worker_memory_gb:
+            opts["memory"] = int(cfg.runtime.worker_memory_gb * 2**30)
+        self._cls = ray.remote(**opts)(_RolloutActor)
+        self._cfg_json = cfg.model_dump_json()
+        self._actors: dict[int, object] = {}
+        self._dead: set[int] = set()
+        self.sync = SyncStats()
+        self._weights = None  # (object ref, version) of the newest publish
+        self._publish(policy, 0)
+
+    def _publish(self, policy, version: int) -> None:
+        from longhaul.runtime.weights import _cast
+
+        t0 = time.perf_counter()
+        tensors = _cast(policy_tensors(policy), self._dtype)
+        self._weights = (self.ray.put(tensors), version)
+        self.sync.published(nbytes(tensors), time.perf_counter() - t0)
+
+    def load_weights(self, policy, version: int) -> None:
+        self._publish(policy, version)
+        ref, v = self._weights
+        with self._lock:
+            for wid, actor in self._actors.items():
+                if wid in self._live:
+                    actor.load_weights.remote(ref, v)
+
+    def _spawn(self, wid: int) -> None:
+        actor = self._cls.remote(self._cfg_json, wid, self.cfg.runtime.worker_threads)
+        self._actors[wid] = actor
+        ref, v = self._weights
+        ready = actor.load_weights.remote(ref, v)
+        self._watch(wid, ready, "ready")
+
+    def _send(self, wid: int, req) -> None:
+        self._watch(wid, self._actors[wid].run.remote(req), "result")
+
+    def _watch(self, wid: int, fut, kind: str) -> None:
+        """Wait for a task in a thread; a dead actor is left for the pool's health check."""
+        def wait():
+            ray = self.ray
+            try:
+                value = ray.get(fut)
+            except ray.exceptions.RayActorError:
+                self._dead.add(wid)
+                return
+            except Exception as e:  # the request itself failed (a RayTaskError wrapping it)
+                self.inbox.put(("error", wid, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+                return
+            self.inbox.put((kind, wid, None if kind == "ready" else value))
+
+        threading.Thread(target=wait, name=f"ray-{kind}-{wid}", daemon=True).start()
+
+    def _alive(self, wid: int) -> bool:
+        return wid not in self._dead
+
+    def _kill(self, wid: int) -> None:
+        actor = self._actors.pop(wid, None)
+        if actor is not None:
+            try:
+                self.ray.kill(actor)
+            except Exception:
+                pass
+
+    def actor_pids(self) -> dict[int, int]:
+        with self._lock:
+            live = {wid: a for wid, a in self._actors.items() if wid in self._live}
+        return {wid: self.ray.get(a.pid.remote()) for wid, a in live.items()}

@@ -1,0 +1,176 @@
+"""A rollout worker: one sampler (the engine) + the agent loop + sandbox scoring, turning
+`RolloutRequest`s into groups of trajectories.
+
+A request is the unit the controller schedules: the tasks of one training step (or of one of
+its dynamic-sampling refill rounds), the seed they are sampled with, and the oldest weight
+version they may start from (`min_version`, the staleness bound applied at admission). Its
+result carries every group, the timings, and which worker ran it. A worker runs one request
+at a time; where it lives (this thread, another thread, a child process, a Ray actor) is the
+backend's business (`runtime.local`, `runtime.ray_backend`), not this module's.
+
+Weights reach a worker by `load_weights(tensors, version)`, which is safe while a request is
+generating: the engine pauses between steps, swaps the weights, re-prefills the sequences in
+flight and carries on, recording each token's version (a partial rollout). `WeightWatcher`
+does that from a background thread for workers that poll a weight transport.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from longhaul.agent.rollout import rollout_groups
+from longhaul.inference import LLMEngine, SamplingParams
+from longhaul.types import Trajectory
+
+
+@dataclass
+class RolloutRequest:
+    step: int  # the training step these groups are for
+    round: int  # 0, or the dynamic-sampling refill round
+    tasks: list
+    seed: int
+    min_version: int  # admission: generation may not start from weights older than this
+    cursor: int = 0  # position of tasks[0] in the run's task stream (for resume)
+    attempt: int = 0  # requeues so far
+
+    @property
+    def uid(self) -> str:
+        return f"{self.step}.{self.round}"
+
+
+@dataclass
+class RolloutResult:
+    uid: str
+    step: int
+    round: int
+    groups: list[list[Trajectory]]
+    timings: dict  # timing/gen, timing/score, gen_tokens
+    worker: str
+    started: float  # time.time() on the worker
+    finished: float
+    version_start: int  # the worker's weights when the request began
+    weight_loads: int = 0  # weight versions loaded while it ran (partial rollouts)
+    error: str | None = None  # set when the worker failed on this request
+
+
+def build_family(cfg):
+    """The task family a run trains on, with its reward replaced where the config says so."""
+    from longhaul.envs import get_family
+    from longhaul.envs.registry import reward_family
+
+    family = get_family(cfg.task.family)
+    if cfg.task.reward:
+        family = reward_family(family, cfg.task.reward)
+    if cfg.task.reward_model:
+        from longhaul.rl.reward_model import reward_model_family
+
+        family = reward_model_family(family, cfg.task.reward_model)
+    return family
+
+
+def make_sampler(cfg, policy, tok):
+    """What rollouts sample from: the paged engine holding a copy of the policy's weights in
+    rollout.dtype (the default), or for rollout.sampler=hf the HF model (a bf16 copy, or the
+    policy itself in fp32)."""
+    import torch
+
+    from longhaul.inference import make_engine
+    from longhaul.rl.grpo import frozen_copy
+
+    if cfg.rollout.sampler == "engine":
+        return make_engine(policy, tok, cfg.rollout.dtype, max_model_len=cfg.model.context_length)
+    return frozen_copy(policy, torch.bfloat16) if cfg.rollout.dtype == "bfloat16" else policy
+
+
+def sampling_params(cfg, family) -> SamplingParams:
+    return SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                          top_p=cfg.rollout.top_p, stop=family.stop, batch_size=64)
+
+
+class RolloutWorker:
+    def __init__(self, cfg, family, tok, sampler, name: str = "worker-0", version: int = 0):
+        self.cfg, self.family, self.tok, self.sampler, self.name = cfg, family, tok, sampler, name
+        self.version = version
+        self.params = sampling_params(cfg, family)
+        self._loads = 0
+        self._lock = threading.Lock()
+
+    def load_weights(self, tensors: dict, version: int) -> None:
+        """Swap in a new policy version; safe to call while `run` is generating (engine samplers)."""
+        with self._lock:
+            if version <= self.version and self._loads:
+                return
+            if isinstance(self.sampler, LLMEngine):
+                self.sampler.update_weights(tensors, version)
+            else:  # the HF sampler: a plain module copy, loaded between requests only
+                self.sampler.load_state_dict(tensors, strict=False)
+            self.version = int(version)
+            self._loads += 1
+
+    def run(self, req: RolloutRequest) -> RolloutResult:
+        cfg = self.cfg
+        started, loads0, v0 = time.time(), self._loads, self.version
+        groups, timings = rollout_groups(self.sampler, self.tok, self.family, req.tasks, cfg.rollout.group_size, self.params,
+                                         seed=req.seed, version=self.version, max_turns=cfg.rollout.max_turns,
+                                         max_tokens=cfg.model.context_length, exec_timeout_s=cfg.rollout.exec_timeout_s,
+                                         exec_workers=cfg.rollout.exec_workers)
+        return RolloutResult(req.uid, req.step, req.round, groups, timings, self.name, started, time.time(), v0, self._loads - loads0)
+
+
+def worker_from_config(cfg, name: str) -> RolloutWorker:
+    """A worker built from the config alone (in a child process or an actor): the model, its
+    family and its sampler, at version -1 until the first weights arrive."""
+    from longhaul.models import load_policy
+
+    policy, tok = load_policy(cfg.model.name)
+    return RolloutWorker(cfg, build_family(cfg), tok, make_sampler(cfg, policy, tok), name, version=-1)
+
+
+def infra_failure(req: RolloutRequest, group_size: int, why: str, worker: str = "") -> RolloutResult:
+    """What a request that kept failing yields: every episode an infra error (never scored or
+    trained on), so the run goes on and says why."""
+    groups = [[Trajectory([], 0.0, g, {"task_id": t.task_id, "family": getattr(t, "family", ""), "ended": "infra_error",
+                                       "status": "infra_error", "passed": False, "infra_error": why})
+               for _ in range(group_size)] for g, t in enumerate(req.tasks)]
+    now = time.time()
+    return RolloutResult(req.uid, req.step, req.round, groups, {"timing/gen": 0.0, "timing/score": 0.0, "gen_tokens": 0},
+                         worker, now, now, -1, 0, error=why)
+
+
+@dataclass
+class WeightWatcher:
+    """Polls a weight transport from a daemon thread and loads each newer version into the worker."""
+    worker: RolloutWorker
+    transport: object
+    interval_s: float = 0.05
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "WeightWatcher":
+        threading.Thread(target=self._loop, name=f"{self.worker.name}-weights", daemon=True).start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.poll()
+            self._stop.wait(self.interval_s)
+
+    def poll(self) -> bool:
+        got = self.transport.fetch(self.worker.version)
+        if got is None:
+            return False
+        self.worker.load_weights(*got)
+        return True
+
+    def wait_for(self, version: int, timeout: float = 600.0) -> None:
+        """Block until the worker holds at least `version` (admission: never start too stale)."""
+        deadline = time.monotonic() + timeout
+        while self.worker.version < version:
+            if not self.poll():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.worker.name}: weights version {version} did not arrive in {timeout}s")
+                time.sleep(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
