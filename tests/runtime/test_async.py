@@ -171,3 +171,13 @@ def test_a_crashed_async_run_resumes_from_its_checkpoint_and_buffer(tmp_path, mo
     assert sorted(taken.values()) == sorted(s for s in range(1, 7) for _ in range(2))
     reused = [u for u in put_before if u.split(".")[0] in ("3", "4", "5", "6")]
     assert reused and all(taken[u] == int(u.split(".")[0]) for u in reused), "pre-crash groups train their own steps"
+
+
+def test_two_data_parallel_trainers_train_like_one(tmp_path):
+    run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'one'}", *QUIET]))
+    run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'two'}", *QUIET, "runtime.trainers=2"]))
+    a, b = _final(tmp_path / "one" / "tiny_grpo"), _final(tmp_path / "two" / "tiny_grpo")
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert worst < 1e-5, f"max parameter difference {worst:.3g}"
+    ra, rb = _rows(tmp_path / "one" / "tiny_grpo"), _rows(tmp_path / "two" / "tiny_grpo")
+    assert [r["reward"] for r in ra] == pytest.approx([r["reward"] for r in rb], abs=1e-6)

@@ -59,15 +59,21 @@ def _turn_rewards(groups: list[list[Trajectory]], rewards: torch.Tensor, infra: 
 
 
 class GRPOTrainer(OptimizerState):
-    def __init__(self, policy, pad_id: int, algo: AlgoConfig, train: TrainConfig, temperature: float = 1.0, max_new_tokens: int = 128):
+    def __init__(self, policy, pad_id: int, algo: AlgoConfig, train: TrainConfig, temperature: float = 1.0, max_new_tokens: int = 128,
+                 dp=None):
+        """dp: a `distributed.DataParallel` when this is one rank of data-parallel training: `step`
+        then gets this rank's groups, and counts, gradients and metrics are summed over ranks."""
         self.policy, self.pad_id, self.algo, self.train_cfg, self.temperature = policy, pad_id, algo, train, temperature
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens, self.dp = max_new_tokens, dp
         self.advantage_fn = ADVANTAGES.get_fn(algo.advantage)
         self.loss_fn = POLICY_LOSSES.get_fn(algo.loss)
         self.kl_fn = KL_ESTIMATORS.get_fn(algo.kl_estimator)
         # With kl_coef 0 no reference model is built at all (saves its memory and forward).
         self.ref = frozen_copy(policy) if algo.kl_coef > 0 else None
         self.optimizer, self.scheduler = make_optimizer(policy.parameters(), train)
+
+    def _total(self, values: list[float]) -> list[float]:
+        return values if self.dp is None else self.dp.sum(values)
 
     def select(self, groups: list[list[Trajectory]]):
         """Rewards, their group std, and the training sequences with their advantages.
@@ -139,27 +145,31 @@ class GRPOTrainer(OptimizerState):
         """One optimizer step on a batch of prompt groups; returns TRL/verl-named metrics."""
         t0 = time.perf_counter()
         rewards, std, seqs, advs, sizes = self.select(groups)
+        env_masks = [s.loss_mask for s in seqs]  # 0 on tool/environment tokens of multi-turn sequences
+        # batch-wide counts (summed over data-parallel ranks): every normaliser is the whole batch's
+        n_tok, n_seq, r_sum, r_n, std_sum, zero_std, n_groups = self._total(
+            [float(sum(sum(x) for x in env_masks)), float(len(seqs)), rewards.sum().item(), float(rewards.numel()),
+             std.sum().item(), (std == 0).sum().item(), float(len(groups))])
         m = {
-            "reward": rewards.mean().item(),
-            "reward_std": std.mean().item(),
-            "frac_reward_zero_std": (std == 0).float().mean().item(),
-            "num_trained_seqs": len(seqs),
+            "reward": r_sum / r_n,
+            "reward_std": std_sum / n_groups,
+            "frac_reward_zero_std": zero_std / n_groups,
+            "num_trained_seqs": int(n_seq),
             "lr": self.scheduler.get_last_lr()[0],
         }
         zeros = {"kl": 0.0, "entropy": float("nan"), "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
                  "clip_ratio/region_mean": 0.0, "grad_norm": 0.0, "loss": 0.0, "logprob_gap": float("nan"),
                  "timing/ref": 0.0, "num_tokens": 0}
-        if not seqs:
+        if not n_seq:
             self.scheduler.step()
             return {**m, **zeros, "timing/update_actor": time.perf_counter() - t0}
         pairs = [(s.prompt_ids, s.completion_ids) for s in seqs]
         behaviour = [s.logprobs for s in seqs]
-        env_masks = [s.loss_mask for s in seqs]  # 0 on tool/environment tokens of multi-turn sequences
-        n_tok = float(sum(sum(m) for m in env_masks))
-        n_seq = float(len(pairs))
         # Dr. GRPO's constant normaliser: the generation budget, not this batch's longest (multi-turn can exceed it)
-        max_len = max(self.max_new_tokens, max(len(c) for _, c in pairs))
-        chunks = self._units(pairs, sizes)
+        max_len = max(self.max_new_tokens, max((len(c) for _, c in pairs), default=0))
+        if self.dp is not None:
+            max_len = int(self.dp.max(max_len))
+        chunks = self._units(pairs, sizes)  # none on a rank whose groups all had equal rewards
 
         ref_logps, t_ref = [], time.perf_counter()
         if self.ref is not None:
@@ -194,6 +204,9 @@ class GRPOTrainer(OptimizerState):
             sums["low"] += (clip["low"] * mask).sum().item()
             sums["high"] += (clip["high"] * mask).sum().item()
             sums["gap"] += ((old - beh).abs() * mask).sum().item()
+        if self.dp is not None:
+            self.dp.allreduce_grads(self.policy.parameters())
+            sums = dict(zip(sums, self.dp.sum(list(sums.values()))))
         grad_norm = clip_and_step(self.policy.parameters(), self.optimizer, self.scheduler, self.train_cfg.grad_clip, sums["loss"])
         m.update({
             "kl": sums["kl"] / n_tok, "entropy": sums["entropy"] / n_tok, "loss": sums["loss"],

@@ -177,7 +177,12 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     t = cfg.train
     if t.lora_r:
         policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
-    trainer = ONLINE.get_fn(cfg.algo.name)(cfg, policy, tok)
+    if cfg.runtime.trainers > 1:  # data-parallel ranks in child processes; this one is rank 0
+        from longhaul.runtime.trainers import ShardedTrainer
+
+        trainer = ShardedTrainer(cfg, policy, tok, ckpt)
+    else:
+        trainer = ONLINE.get_fn(cfg.algo.name)(cfg, policy, tok)
     start = cursor = 0  # cursor: train tasks consumed so far (the data position)
     if ckpt is not None:
         load_weights(policy, ckpt)
@@ -207,6 +212,8 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         _train_steps(cfg, ctl, trainer, policy, tok, run_dir, log, start)
     finally:
         ctl.close()
+        if hasattr(trainer, "close"):
+            trainer.close()
     t_train = time.perf_counter() - t_train
     log.close()
     result = {"run_dir": str(run_dir), "steps": cfg.train.steps, "train_wall_s": t_train}  # the loop, worker start-up included
