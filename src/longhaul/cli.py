@@ -276,7 +276,7 @@ def serve_cmd(
     max_queued: int = typer.Option(64, "--max-queued", help="requests waiting beyond --max-num-seqs before 503"),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len"),
     queue: str = typer.Option("sqlite", "--queue", help="job broker: sqlite or redis://host:port/db"),
-    jobs_db: str = typer.Option("longhaul-jobs.sqlite", "--jobs-db", help="SQLite file of the jobs"),
+    jobs_db: Optional[str] = typer.Option(None, "--jobs-db", help="SQLite file of the jobs (default $LONGHAUL_HOME/serve/jobs.sqlite)"),
     job_workers: int = typer.Option(1, "--job-workers", help="agent episodes run at once"),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default all cores)"),
     device: str = typer.Option("cpu", "--device", help="cpu, or cuda for a GPU"),

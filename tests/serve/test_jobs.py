@@ -87,7 +87,7 @@ def test_a_job_survives_a_server_killed_mid_episode(backend, tmp_path, request):
     proc = start_cli_server(port, *args)
     try:
         wait_ready(base, 120, proc)
-        long = {"family": "terminal", "seed": 2, "max_turns": 3, "max_new_tokens": 120, "temperature": 1.0}
+        long = {"family": "terminal", "seed": 2, "max_turns": 2, "max_new_tokens": 64, "temperature": 1.0}
         first = httpx.post(base + "/v1/jobs", json=long, headers=A).json()["id"]
         wait_status(base, first, ("running",), poll=0.01)
         second = httpx.post(base + "/v1/jobs", json={"family": "echo", "max_new_tokens": 4}, headers=A).json()["id"]

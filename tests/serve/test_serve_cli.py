@@ -3,16 +3,23 @@
 import subprocess
 import sys
 
+import pytest
 
-def serve(*args):
-    return subprocess.run([sys.executable, "-m", "longhaul.cli", "serve", *args], capture_output=True, text=True, timeout=120)
+from longhaul.cli import main
 
 
-def test_unknown_model_and_bad_options_are_one_line_errors(tmp_path):
-    r = serve("--model", "no-such-model", "--port", "0", "--jobs-db", str(tmp_path / "j.sqlite"))
+def test_unknown_model_is_a_one_line_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "longhaul.cli", "serve", "--model", "no-such-model", "--port", "0", "--jobs-db",
+                        str(tmp_path / "j.sqlite")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: model directory 'no-such-model' not found; pass a built-in name, a directory or a URL"]
-    r = serve("--model", "tiny-llama", "--dtype", "int3", "--jobs-db", str(tmp_path / "j.sqlite"))
-    assert r.returncode == 2 and r.stderr.strip().startswith("error: --dtype:") and len(r.stderr.strip().splitlines()) == 1
-    r = serve("--model", "tiny-llama", "--queue", "kafka://x", "--jobs-db", str(tmp_path / "j.sqlite"))
-    assert r.returncode == 2 and "--queue must be sqlite or redis://" in r.stderr
+
+
+@pytest.mark.parametrize("args, words", [(["--dtype", "int3"], "error: --dtype:"),
+                                         (["--queue", "kafka://x"], "--queue must be sqlite or redis://"),
+                                         (["--api-keys-file", "/no/such/keys.yaml"], "API keys file '/no/such/keys.yaml' not found")])
+def test_bad_options_fail_before_the_model_loads(args, words, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", "tiny-llama", "--jobs-db", str(tmp_path / "j.sqlite"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and words in err[0]

@@ -45,7 +45,11 @@ def open_job_store(config: ServeConfig):
         raise LonghaulError(f"--queue must be sqlite or redis://host:port/db, got {config.queue!r}")
     from longhaul.serve.jobs.store import SqliteJobStore
 
-    return SqliteJobStore(config.jobs_db)
+    if config.jobs_db:
+        return SqliteJobStore(config.jobs_db)
+    from longhaul.models.loader import cache_home
+
+    return SqliteJobStore(cache_home() / "serve" / "jobs.sqlite")
 
 
 class ServerState:
@@ -214,8 +218,8 @@ def serve(config: ServeConfig) -> None:
 
     from longhaul.serve.logs import configure_logging
 
+    state = ServerState(config)  # bad keys files and queue URLs fail here, before anything is configured
     configure_logging(config.log_level)
-    state = ServerState(config)
     state.load()
     app = create_app(config, state)
     uvicorn.run(app, host=config.host, port=config.port, log_config=None, access_log=False, timeout_graceful_shutdown=5)

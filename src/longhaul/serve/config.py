@@ -33,7 +33,7 @@ class ServeConfig(BaseModel):
     max_tokens_cap: int = Field(4096, ge=1)  # largest max_tokens a request may ask for (bounded work a request)
     max_request_bytes: int = Field(4 << 20, ge=1024)  # larger bodies get 413 before they are parsed
     queue: str = "sqlite"  # job broker: "sqlite" (the jobs database) or redis://host:port/db (Redis Streams)
-    jobs_db: str = "longhaul-jobs.sqlite"  # where job records live (SQLite); a restart resumes from it
+    jobs_db: str | None = None  # where job records live (SQLite); None: $LONGHAUL_HOME/serve/jobs.sqlite. A restart resumes from it
     job_workers: int = Field(1, ge=0)  # agent episodes run at once by this replica (0: accept jobs, run none)
     max_queued_jobs: int = Field(1000, ge=1)  # queued jobs before POST /v1/jobs answers 503
     job_lease_s: float = Field(60.0, gt=0)  # Redis: a job unacknowledged this long by a silent replica is claimed again
