@@ -268,7 +268,7 @@ def serve_cmd(
     api_keys_file: Optional[str] = typer.Option(None, "--api-keys-file", help="JSON/YAML keys with per-key quotas (docs/serving.md)"),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port"),
-    dtype: str = typer.Option("bfloat16", "--dtype", help="bfloat16 or float32"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 where the hardware has it, else fp32), bfloat16 or float32"),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="the model id clients use; default the model's name"),
     rpm: Optional[int] = typer.Option(None, "--rpm", help="default requests per minute of a key"),
     tpm: Optional[int] = typer.Option(None, "--tpm", help="default tokens per minute of a key"),

@@ -80,8 +80,10 @@ class ServerState:
         c = self.config
         if c.torch_threads:
             torch.set_num_threads(c.torch_threads)
+        from longhaul.hardware import resolve_dtype
+
         model, tok = load_model(c.model)
-        self.engine = LLMEngine(model=model, tokenizer=tok, dtype=c.dtype, device=c.device, max_num_seqs=c.max_num_seqs,
+        self.engine = LLMEngine(model=model, tokenizer=tok, dtype=resolve_dtype(c.dtype), device=c.device, max_num_seqs=c.max_num_seqs,
                                 max_num_batched_tokens=c.max_num_batched_tokens, max_model_len=c.max_model_len,
                                 kv_cache_memory_gb=c.kv_cache_memory_gb, seed=c.seed)
         self.tokenizer, self.texts = tok, TokenTexts(tok)
