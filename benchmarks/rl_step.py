@@ -2,11 +2,14 @@
 
 Same prompts, reward and settings as `../shared/anchors/trl_grpo_bench.py` (1 prompt x 8
 completions of <= 128 tokens, temperature 1.0, beta 0.04 with the k3 KL, clip 0.2, lr 1e-6,
-token-mean loss, groups with equal rewards still trained, as TRL does). longhaul runs twice:
-fp32 everywhere (TRL's maths and dtype) and its defaults (the paged engine in bf16 as the
-sampler, bf16 autocast with fp32 master weights); both sample with longhaul's engine, as
-`longhaul train` does. TRL runs in the anchor environment built by
-`../shared/anchors/setup.sh` (WITH_VLLM=0 is enough).
+token-mean loss, groups with equal rewards still trained, as TRL does). longhaul runs in fp32
+everywhere (TRL's maths and dtype) and, where the CPU has bf16 arithmetic
+(`longhaul.hardware.native_bf16`), also in its bf16 mode (the paged engine in bf16 as the
+sampler, bf16 autocast with fp32 master weights); elsewhere bf16 is emulated at a fraction of
+fp32's speed and `auto` picks fp32, so that row is skipped. Both sample with longhaul's
+engine, as `longhaul train` does. Each step's generation / reference / update seconds go to
+the JSON too. TRL runs in the anchor environment built by `../shared/anchors/setup.sh`
+(WITH_VLLM=0 is enough).
 
     python benchmarks/rl_step.py [--steps 4] [--anchors ~/.cache/longhaul-anchors]
 """
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from longhaul.agent.single_turn import run_groups
 from longhaul.config import AlgoConfig, TrainConfig
+from longhaul.hardware import native_bf16
 from longhaul.inference import SamplingParams, make_engine, sync_weights
 from longhaul.models import load_policy
 from longhaul.rl.grpo import GRPOTrainer
@@ -49,21 +53,25 @@ class Task:
         self.prompt = f"Write a Python function f(x) that returns x*{i}."
 
 
-def ours(steps: int, fast: bool) -> list[float]:
+def ours(steps: int, fast: bool, phases: list[dict]) -> list[float]:
     model, tok = load_policy("smollm2-135m-instruct")
     algo = AlgoConfig(kl_coef=0.04, clip_low=0.2, clip_high=0.2, drop_zero_std_groups=False)
     train = TrainConfig(lr=1e-6, micro_batch=8, autocast="bfloat16" if fast else "none", share_prompt=True)
     trainer = GRPOTrainer(model, tok.pad_token_id, algo, train, temperature=1.0, max_new_tokens=128)
     sampler = make_engine(model, tok, "bfloat16" if fast else "float32")  # the rollout engine, as `longhaul train` uses
+    reuse = trainer.reuse_rollout_forward(sampler)  # fp32: the rollout's forward is the training forward (same maths)
     params = SamplingParams(max_new_tokens=128, temperature=1.0)
     times = []
     for step in range(steps):
         t0 = time.perf_counter()
-        groups, _ = run_groups(sampler, tok, ToyFamily, [Task(step)], params, 8, seed=step, version=step)
-        trainer.step(groups)
+        groups, gm = run_groups(sampler, tok, ToyFamily, [Task(step)], params, 8, seed=step, version=step)
+        m = trainer.step(groups)
         sync_weights(sampler, model, version=step + 1)
         times.append(time.perf_counter() - t0)
-        print(f"longhaul ({'bf16' if fast else 'fp32'}) step {step + 1}: {times[-1]:.1f}s", file=sys.stderr, flush=True)
+        phases.append({"gen": gm["timing/gen"], "gen_tokens": gm["gen_tokens"], "ref": m["timing/ref"], "update": m["timing/update_actor"],
+                       "recorded_forward": reuse and getattr(trainer, "recorded_units", 0) == step + 1})
+        print(f"longhaul ({'bf16' if fast else 'fp32'}) step {step + 1}: {times[-1]:.1f}s  "
+              + " ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in phases[-1].items()), file=sys.stderr, flush=True)
     return times
 
 
@@ -85,9 +93,14 @@ def main():
     ap.add_argument("--anchors", default=os.environ.get("ANCHORS", str(Path.home() / ".cache" / "longhaul-anchors")))
     ap.add_argument("--out", default=str(HERE / "results" / "rl_step.json"))
     args = ap.parse_args()
+    phases = {"longhaul GRPO, fp32": []}
     runs = {"TRL GRPOTrainer 1.x, fp32 (anchor)": trl(args.steps, Path(args.anchors)),
-            "longhaul GRPO, fp32": ours(args.steps, fast=False),
-            "longhaul GRPO, bf16 engine + autocast": ours(args.steps, fast=True)}
+            "longhaul GRPO, fp32": ours(args.steps, False, phases["longhaul GRPO, fp32"])}
+    if native_bf16():
+        phases["longhaul GRPO, bf16 engine + autocast"] = []
+        runs["longhaul GRPO, bf16 engine + autocast"] = ours(args.steps, True, phases["longhaul GRPO, bf16 engine + autocast"])
+    else:
+        print("bf16 row skipped: this CPU has no bf16 arithmetic (auto picks fp32 here)", file=sys.stderr)
     # the first step pays one-off warm-up in both systems; report the median of the rest
     med = {k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in runs.items()}
     anchor = med["TRL GRPOTrainer 1.x, fp32 (anchor)"]
@@ -97,7 +110,7 @@ def main():
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"steps": args.steps, "seconds_per_step": runs, "median_after_first": med,
+    tmp.write_text(json.dumps({"steps": args.steps, "seconds_per_step": runs, "phases": phases, "median_after_first": med,
                                "speedup_vs_trl": {k: anchor / v for k, v in med.items()}}, indent=2))
     os.replace(tmp, out)
 

@@ -19,9 +19,14 @@ Numerics: weights and activations in `dtype` (fp32 matches HF to ~1e-6; bf16 kee
 residual stream), RMSNorm by `F.rms_norm`, RoPE by `rope.Rope` / `apply_rope`, logits
 returned in float32.
 
+Recording: with `recorder` set (an object with `begin(batch)`, `layer(i, qkv, o, gate_up,
+down)`, `logits(logits)` and `clear()`), every forward hands it each layer's linear outputs and
+the logits, and `prepare` notes which item (block table) owns which rows; `load_weights` clears
+it. `rl.rollout_activations` uses this to reuse a rollout's forward as the training forward.
+
 Extension points: every projection goes through `linear.linear(x, w, b)`, so a weight may be
 any callable `w(x) = x @ W.T`. `pack_weights()` turns the plain weights in `layers` into what
-the forward calls (`linear.pack`: oneDNN-prepacked bf16 on CPU); an INT8 weight-only linear
+the forward calls (`linear.pack`: oneDNN-prepacked weights on CPU); an INT8 weight-only linear
 (`quant.py`) can take a weight's place there. The KV storage is the `KVCache` passed in (a
 quantized subclass drops in). `attention` is one method, the place for a fused paged-attention
 kernel on a GPU.
@@ -64,6 +69,7 @@ class ForwardBatch:
     decode_block_tables: torch.Tensor | None  # (Bd, nb)
     decode_mask: torch.Tensor | None  # (Bd, 1, 1, nb * block_size), True = attend
     chunks: list[tuple[int, int, torch.Tensor, torch.Tensor]]  # (offset in N, T, block table (1, nb), mask (G*T, L))
+    owners: list[tuple[list[int], int, int, int]] | None = None  # with a recorder: (block table, start, tokens, offset in N) an item
 
 
 class _Layer:
@@ -90,6 +96,7 @@ class ModelRunner:
         self.rope = Rope(cfg, device=self.device, max_positions=max(max_positions or 0, cfg.max_position_embeddings))
         self._load(dict(model.state_dict()))
         self.pack_weights()
+        self.recorder = None  # optional: sees every forward's linear outputs and logits (`rl.rollout_activations`)
 
     # ---- weights -------------------------------------------------------------------------
     def _t(self, t: torch.Tensor) -> torch.Tensor:
@@ -168,6 +175,8 @@ class ModelRunner:
             dst[r0:r1].copy_(t)
             loaded += 1
         self.pack_weights()
+        if self.recorder is not None:  # what it holds was computed under the old weights
+            self.recorder.clear()
         return loaded
 
     # ---- batch ---------------------------------------------------------------------------
@@ -200,7 +209,10 @@ class ModelRunner:
             mask = torch.arange(nb * bs, device=dev)[None, :] <= q_pos[:, None]  # (T, L) causal over the cache
             chunks.append((offset[i], t, torch.tensor([it.block_table[:nb]], device=dev), mask.repeat(self.group, 1)))
         as_t = lambda x: torch.tensor(x, dtype=torch.long, device=dev)  # noqa: E731
-        return ForwardBatch(as_t(ids), as_t(pos), as_t(slots), as_t(logits_idx), len(dec), decode_bt, decode_mask, chunks)
+        owners = None
+        if self.recorder is not None:  # the block table list is the item's identity while it is resident
+            owners = [(items[i].block_table, items[i].start, len(items[i].token_ids), offset[i]) for i in order]
+        return ForwardBatch(as_t(ids), as_t(pos), as_t(slots), as_t(logits_idx), len(dec), decode_bt, decode_mask, chunks, owners)
 
     # ---- forward -------------------------------------------------------------------------
     @torch.no_grad()
@@ -212,17 +224,28 @@ class ModelRunner:
         cos, sin = self.rope.cos_sin(batch.positions)
         cos, sin = cos.to(self.dtype), sin.to(self.dtype)  # cast once, not per layer
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        rec = self.recorder
+        if rec is not None:
+            rec.begin(batch)
         for i, (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b) in enumerate(self._exec):
             x = F.rms_norm(h, (e,), ln1, self.eps)
             qkv = linear(x, qkv_w, qkv_b).view(n, hq + 2 * hkv, d)
             qk = apply_rope(qkv[:, :hq + hkv], cos, sin)  # (N, Hq + Hkv, D)
             self.kv.write(i, batch.slot_mapping, qk[:, hq:], qkv[:, hq + hkv:])
-            h = h + linear(self.attention(i, qk[:, :hq], batch), o_w, o_b)
+            o = linear(self.attention(i, qk[:, :hq], batch), o_w, o_b)
+            h = h + o
             x = F.rms_norm(h, (e,), ln2, self.eps)
-            gate, up = linear(x, gu_w, gu_b).chunk(2, dim=-1)
-            h = h + linear(F.silu(gate) * up, down_w, down_b)
+            gu = linear(x, gu_w, gu_b)
+            gate, up = gu.chunk(2, dim=-1)
+            down = linear(F.silu(gate) * up, down_w, down_b)
+            h = h + down
+            if rec is not None:
+                rec.layer(i, qkv.view(n, -1), o, gu, down)
         h = F.rms_norm(h.index_select(0, batch.logits_indices), (e,), self.norm, self.eps)
-        return linear(h, self._lm_head).float()
+        logits = linear(h, self._lm_head).float()
+        if rec is not None:
+            rec.logits(logits)
+        return logits
 
     def attention(self, layer: int, q: torch.Tensor, b: ForwardBatch) -> torch.Tensor:
         """q (N, Hq, D) over the cache (already holding this step's K/V) -> (N, Hq * D).

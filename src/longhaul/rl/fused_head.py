@@ -5,9 +5,9 @@ Owns `head_logprobs(hidden, weight, targets, temperature, with_entropy)`. The pl
 (`logprobs._token_logprobs` over `lm_head(hidden)`) keeps the logits, their scaled copy, the
 softmax and softmax * logits alive as separate (M, V) fp32 tensors, and autograd adds a
 zeros-and-scatter for the gather and an exp for the logsumexp backward: at V = 49,152 that is
-~200 MB a tensor for ~1,000 tokens, each pass memory-bound. Here, rows are processed in chunks
-(a chunk's logits stay in cache); the forward keeps only the softmax p (M, V), which is all the
-backward needs:
+~200 MB a tensor for ~1,000 tokens, each pass memory-bound. Here, the forward computes the logits
+chunk by chunk into one (M, V) buffer that becomes the softmax p in place (a chunk stays in cache
+for its logsumexp), which is all the backward needs, as two GEMMs:
 
     d logp_t / d z = onehot(target) - p,  z = logits / T
     grad_logits = g * (onehot - p) / T;  grad_h = grad_logits @ W;  grad_W = grad_logits^T @ h
@@ -43,42 +43,48 @@ def _logits(h: torch.Tensor, w, dt: torch.dtype | None) -> torch.Tensor:
 
 
 def _chunk_stats(z: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-    """Scaled logits z (m, V) -> (logp (m,), entropy (m,) or None, softmax p (m, V)).
-    Without entropy, z itself becomes p (one (m, V) buffer)."""
+    """Scaled logits z (m, V), overwritten in place by the softmax p -> (logp (m,), entropy (m,) or None)."""
     lse = torch.logsumexp(z, dim=-1)  # (m,)
     logp = z.gather(1, targets[:, None]).squeeze(1) - lse
-    if not with_entropy:
-        return logp, None, z.sub_(lse[:, None]).exp_()
-    p = torch.exp(z - lse[:, None])
-    return logp, lse - (p * z).sum(-1), p  # H = lse - sum(p * z)
+    ent = None
+    if with_entropy:
+        p = torch.exp(z - lse[:, None])
+        ent = lse - (p * z).sum(-1)  # H = lse - sum(p * z)
+        z.copy_(p)
+    else:
+        z.sub_(lse[:, None]).exp_()
+    return logp, ent
 
 
-def _forward(hidden, weight, targets, temperature: float, with_entropy: bool, keep_p: bool, head=None):
+def _forward(hidden, weight, targets, temperature: float, with_entropy: bool, keep_p: bool, head=None, logits=None):
+    """-> logp (M,), entropy (M,) or None, the softmax (M, V) if keep_p, the matmul dtype."""
     dt = _mm_dtype()
     w = head if head is not None else weight.detach().to(dt) if dt is not None else weight.detach()  # cast once, not per chunk
-    m = hidden.shape[0]
+    m, v = hidden.shape[0], weight.shape[0]
     logp = hidden.new_empty(m, dtype=torch.float32)
     ent = hidden.new_empty(m, dtype=torch.float32) if with_entropy else None
-    ps = []
+    probs = torch.empty((m, v), dtype=torch.float32, device=hidden.device) if keep_p else None  # one buffer: two GEMMs backward
     for s in range(0, m, CHUNK):
-        z = _logits(hidden[s:s + CHUNK].detach(), w, dt)
+        z = _logits(hidden[s:s + CHUNK].detach(), w, dt) if logits is None else logits[s:s + CHUNK].float()
+        if probs is not None:
+            z = probs[s:s + CHUNK].copy_(z)
+        elif logits is not None:
+            z = z.clone()  # never scale the caller's logits in place
         if temperature != 1.0:
             z.div_(temperature)
-        lp, e, p = _chunk_stats(z, targets[s:s + CHUNK], with_entropy)
+        lp, e = _chunk_stats(z, targets[s:s + CHUNK], with_entropy)
         logp[s:s + CHUNK] = lp
         if ent is not None:
             ent[s:s + CHUNK] = e
-        if keep_p:
-            ps.append(p)
-    return logp, ent, ps, dt
+    return logp, ent, probs, dt
 
 
 class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool):
-        logp, ent, ps, dt = _forward(hidden, weight, targets, temperature, with_entropy, keep_p=True)
+    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, head=None, logits=None):
+        logp, ent, probs, dt = _forward(hidden, weight, targets, temperature, with_entropy, keep_p=True, head=head, logits=logits)
         ctx.save_for_backward(hidden, weight, targets)
-        ctx.ps, ctx.temperature, ctx.dt = ps, temperature, dt
+        ctx.probs, ctx.temperature, ctx.dt = probs, temperature, dt
         if ent is not None:
             ctx.mark_non_differentiable(ent)
         return logp, ent
@@ -87,37 +93,26 @@ class _HeadLogprobs(torch.autograd.Function):
     def backward(ctx, g_logp, _g_ent):
         hidden, weight, targets = ctx.saved_tensors
         dt = ctx.dt
-        w = weight.to(dt) if dt is not None else weight
-        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        acc = torch.float32 if weight.dtype in (torch.bfloat16, torch.float16) else weight.dtype
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if ctx.needs_input_grad[1] else None
-        for k, s in enumerate(range(0, hidden.shape[0], CHUNK)):
-            gl = ctx.ps[k]  # (m, V) softmax, turned in place into the logits' gradient
-            ctx.ps[k] = None
-            g = g_logp[s:s + CHUNK].float() / ctx.temperature  # (m,)
-            gl.mul_(-g[:, None])
-            gl.scatter_add_(1, targets[s:s + CHUNK, None], g[:, None])
-            if dt is not None:
-                gl = gl.to(dt)
-            if grad_h is not None:
-                grad_h[s:s + CHUNK] = (gl @ w).to(grad_h.dtype)
-            if grad_w is not None:
-                h = hidden[s:s + CHUNK]
-                if dt is None:
-                    grad_w.addmm_(gl.t(), h)
-                else:
-                    grad_w.add_((gl.t() @ h.to(dt)).float())
-        ctx.ps = None
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None
+        gl, ctx.probs = ctx.probs, None  # (M, V) softmax, turned in place into the logits' gradient
+        g = g_logp.float() / ctx.temperature  # (M,)
+        gl.mul_(-g[:, None]).scatter_add_(1, targets[:, None], g[:, None])
+        if dt is not None:
+            gl, weight_mm, hidden_mm = gl.to(dt), weight.to(dt), hidden.to(dt)
+        else:
+            weight_mm, hidden_mm = weight, hidden
+        grad_h = (gl @ weight_mm).to(hidden.dtype) if ctx.needs_input_grad[0] else None
+        grad_w = (gl.t() @ hidden_mm).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w, None, None, None, None, None
 
 
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                  with_entropy: bool = False, head=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  with_entropy: bool = False, head=None, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """hidden (M, H), head weight (V, H), targets (M,) -> log p(target) at `temperature` (M,)
     float32, differentiable in hidden and weight; and the entropy (M,) (no grad) or None.
-    `head`: an equivalent callable h -> h @ weight.T (a prepacked copy) for the no-grad path."""
+    `head`: an equivalent callable h -> h @ weight.T (a prepacked copy) for the forward's logits;
+    `logits` (M, V): those logits already computed (the sampler's, `rollout_activations`)."""
     targets = targets.long()
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _HeadLogprobs.apply(hidden, weight, targets, float(temperature), with_entropy)
-    logp, ent, _, _ = _forward(hidden, weight, targets, float(temperature), with_entropy, keep_p=False, head=head)
+        return _HeadLogprobs.apply(hidden, weight, targets, float(temperature), with_entropy, head, logits)
+    logp, ent, _, _ = _forward(hidden, weight, targets, float(temperature), with_entropy, keep_p=False, head=head, logits=logits)
     return logp, ent

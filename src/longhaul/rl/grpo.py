@@ -18,7 +18,7 @@ import torch
 
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.rl.advantages import ADVANTAGES
-from longhaul.rl.logprobs import completion_logprobs, shared_prompt_logprobs
+from longhaul.rl.logprobs import completion_logprobs, packed_logprobs, shared_prompt_logprobs
 from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
 from longhaul.rl.losses import KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_bonus, overlong_penalty, off_policy_weight
 from longhaul.types import Trajectory
@@ -133,8 +133,36 @@ class GRPOTrainer(OptimizerState):
         order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]))
         return [order[i:i + mb] for i in range(0, len(order), mb)]
 
+    def reuse_rollout_forward(self, engine) -> bool:
+        """Record `engine`'s forwards and, in steps on its rollouts while it holds exactly the
+        policy's weights, use them as the policy's training forward (`rl.rollout_activations`:
+        same maths, the forward's matmuls skipped). True if the engine qualifies (fp32, plain)."""
+        from longhaul.rl import packed_forward
+        from longhaul.rl.rollout_activations import RolloutActivations
+
+        ok = self.train_cfg.autocast == "none" and packed_forward.supports(self.policy) and not self.algo.entropy_coef
+        self.rollout = RolloutActivations.attach(engine) if ok else None
+        self._rollout_ok = (-1, False)
+        return self.rollout is not None
+
+    def _recorded(self, pairs, idx: list[int]):
+        """The rollout's recorded forward for these sequences, or None (then the forward runs)."""
+        if getattr(self, "rollout", None) is None:
+            return None
+        if self._rollout_ok[0] != self.scheduler.last_epoch:  # checked once an optimizer step
+            self._rollout_ok = (self.scheduler.last_epoch, self.rollout.usable(self.policy))
+            if not self._rollout_ok[1]:
+                self.rollout.clear()  # recorded under other weights: never usable
+        if not self._rollout_ok[1]:
+            return None
+        return self.rollout.batch([pairs[i][0] for i in idx], [pairs[i][1] for i in idx], self.pad_id, self.train_cfg.share_prompt)
+
     def _logprobs(self, model, pairs, idx: list[int], with_entropy: bool = False, entropy_grad: bool = False):
         ac = self.train_cfg.autocast
+        recorded = self._recorded(pairs, idx) if model is self.policy else None
+        if recorded is not None:
+            self.recorded_units = getattr(self, "recorded_units", 0) + 1
+            return packed_logprobs(model, recorded[0], self.temperature, ac, with_entropy, entropy_grad, recorded[1])
         if self.train_cfg.share_prompt:
             return shared_prompt_logprobs(model, pairs[idx[0]][0], [pairs[i][1] for i in idx], self.pad_id,
                                           self.temperature, ac, with_entropy, entropy_grad, fast=True)

@@ -68,22 +68,25 @@ def _token_logprobs(logits, targets, mask, temperature: float, with_entropy: boo
 
 
 def packed_logprobs(model, batch: packed_forward.PackedBatch, temperature: float = 1.0, autocast: str = "none",
-                    with_entropy: bool = False, entropy_grad: bool = False):
-    """`completion_logprobs`' result for a `packed_forward.PackedBatch`: (B, T) log-probs, mask, entropy."""
+                    with_entropy: bool = False, entropy_grad: bool = False, recorded=None):
+    """`completion_logprobs`' result for a `packed_forward.PackedBatch`: (B, T) log-probs, mask,
+    entropy. `recorded`: (activations (N, layers, W), their widths, logits (M, V)) of the batch's
+    rows from the sampler (`rollout_activations`), used instead of the forward's matmuls."""
     model = unwrap(model)
     dev = model.get_output_embeddings().weight.device
     pick, slot, mask = batch.pick.to(dev), batch.pick_slot.to(dev), batch.mask.to(dev)
     targets = batch.targets.to(dev).view(-1).index_select(0, slot)  # (M,)
     with autocast_ctx(autocast):
-        rows = packed_forward.hidden_states(model, batch).index_select(0, pick)  # (M, H)
+        acts, widths, logits = recorded if recorded is not None else (None, (), None)
+        rows = packed_forward.hidden_states(model, batch, acts, widths).index_select(0, pick)  # (M, H)
         if with_entropy and entropy_grad and torch.is_grad_enabled():  # an entropy bonus: plain head, autograd entropy
             lp, _, ent = _token_logprobs(model.get_output_embeddings()(rows)[None], targets[None], torch.ones_like(targets[None], dtype=torch.float32),
                                          temperature, True, True)
             lp, ent = lp[0], ent[0]
         else:
             head = model.get_output_embeddings()
-            packed = packed_forward.frozen_linear(head)  # the reference model's prepacked head
-            lp, ent = head_logprobs(rows, head.weight, targets, temperature, with_entropy, None if packed is head else packed)
+            packed = packed_forward.fast_linear(head)  # the prepacked head for the forward's logits
+            lp, ent = head_logprobs(rows, head.weight, targets, temperature, with_entropy, None if packed is head else packed, logits)
     grid = lambda x: x.new_zeros(mask.numel()).index_copy(0, slot, x).view(mask.shape)  # noqa: E731  (M,) -> (B, T), 0 past ends
     return grid(lp), mask, None if ent is None else grid(ent)
 

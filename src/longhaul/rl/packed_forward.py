@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from longhaul.inference.linear import linear, pack
+from longhaul.inference.linear import pack
 from longhaul.inference.rope import rotate_half
 from longhaul.models.lora import unwrap
 
@@ -103,28 +103,29 @@ def _batch(ids: list[int], pos: list[int], rows, completions: list[list[int]], p
 
 
 def pack_pairs(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> PackedBatch:
-    """(prompt, completion) pairs, each its own causal sequence, laid end to end."""
+    """(prompt, completion) pairs, each its own causal sequence, laid end to end. A sequence's
+    last token predicts nothing here, so it gets no row (as in the sampler, which never feeds it)."""
     ids, pos, rows, picks = [], [], [], []
     for p, c in pairs:
-        off, seq = len(ids), p + c
+        off, seq = len(ids), (p + c)[:-1] if c else p
         ids += seq
         pos += range(len(seq))
         rows.append((list(range(off, off + len(seq))), len(seq)))
-        picks.append(list(range(off + len(p) - 1, off + len(seq) - 1)))  # row i predicts token i + 1
+        picks.append(list(range(off + len(p) - 1, off + len(p) - 1 + len(c))))  # row i predicts token i + 1
     return _batch(ids, pos, rows, [c for _, c in pairs], picks, pad_id)
 
 
 def pack_shared(prompt: list[int], completions: list[list[int]], pad_id: int) -> PackedBatch:
-    """One prompt and its completions: the prompt's rows once, then each completion's rows,
-    which attend over the prompt and themselves."""
+    """One prompt and its completions: the prompt's rows once, then each completion's rows but
+    its last (which predicts nothing), attending over the prompt and themselves."""
     P = len(prompt)
     ids, pos = list(prompt), list(range(P))
     rows, picks = [(list(range(P)), P)], []
     for c in completions:
-        off = len(ids)
-        ids += c
-        pos += range(P, P + len(c))
-        rows.append((list(range(P)) + list(range(off, off + len(c))), len(c)))
+        off, fed = len(ids), c[:-1]
+        ids += fed
+        pos += range(P, P + len(fed))
+        rows.append((list(range(P)) + list(range(off, off + len(fed))), len(fed)))
         # token 0 is predicted by the prompt's last row, token j by the completion's row j - 1
         picks.append(([P - 1] + list(range(off, off + len(c) - 1))) if c else [])
     return _batch(ids, pos, rows, completions, picks, pad_id)
@@ -148,20 +149,59 @@ def _attention(q, k, v, b: PackedBatch, hkv: int) -> torch.Tensor:
 _PACKED: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 
 
-def frozen_linear(module):
-    """The layer itself, or for a frozen plain nn.Linear run without autograd (the reference
-    model), its oneDNN-prepacked copy (`inference.linear.pack`: ~15% faster at ~1,000 rows),
-    re-packed whenever the weight changes in place (tracked by its version counter)."""
+def fast_linear(module):
+    """A callable equal to `module` (to fp32 rounding): for a frozen plain fp32 nn.Linear run
+    without autograd (the reference model), its oneDNN-prepacked copy (`inference.linear.pack`:
+    ~15% faster at ~1,000 rows), re-packed when the weight is replaced or changed in place
+    through autograd-visible ops (version counter). Only frozen weights: the fused AdamW step
+    updates parameters without bumping their version, so a trainable weight's copy could go
+    stale unseen. Anything else (trainable, LoRA layers, bf16 autocast): the module itself."""
     w = getattr(module, "weight", None)
-    if type(module) is not torch.nn.Linear or torch.is_grad_enabled() or w.requires_grad or w.dtype != torch.float32:
+    if (type(module) is not torch.nn.Linear or w.dtype != torch.float32 or w.requires_grad or torch.is_grad_enabled()
+            or torch.is_autocast_enabled("cpu")):
         return module
     key = (w._version, w.data_ptr())
     hit = _PACKED.get(module)
     if hit is None or hit[0] != key:
-        packed, bias = pack(w.detach(), None if module.bias is None else module.bias.detach())
-        hit = _PACKED[module] = (key, packed, bias)
-    _, packed, bias = hit
-    return lambda x: linear(x, packed, bias)
+        packed, left = pack(w.detach(), None if module.bias is None else module.bias.detach())
+        if left is not None or not callable(packed):  # no oneDNN here: nothing faster than the module
+            return module
+        hit = _PACKED[module] = (key, packed)
+    return hit[1]
+
+
+class _StoredLinear(torch.autograd.Function):
+    """A linear whose output y was recorded by the sampler (`rollout_activations`): the forward
+    returns y without a matmul; the backward is the linear's, for W the row-stack of
+    (w1, b1, w2, b2, ...) (fused qkv / gate_up columns in the runner's order)."""
+
+    @staticmethod
+    def forward(ctx, x, y, *params):
+        ctx.has = [p is not None for p in params]
+        ctx.save_for_backward(x, *[p for p in params if p is not None])
+        return y.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, *saved = ctx.saved_tensors
+        it = iter(saved)
+        params = [next(it) if has else None for has in ctx.has]
+        gx, grads, col = None, [], 0
+        for w, b in zip(params[0::2], params[1::2]):
+            gi = g[:, col:col + w.shape[0]]
+            col += w.shape[0]
+            gx = gi @ w if gx is None else gx.addmm_(gi, w)
+            grads += [gi.t() @ x, None if b is None else gi.sum(0)]
+        return (gx, None, *grads)
+
+
+def _proj(x, y, *modules):
+    """x through the modules' linears (prepacked where possible), or their recorded output y
+    (N, sum of out features), split per module."""
+    if y is None:
+        return [fast_linear(m)(x) for m in modules]
+    out = _StoredLinear.apply(x, y, *(t for m in modules for t in (m.weight, m.bias)))
+    return out.split([m.out_features for m in modules], dim=-1)
 
 
 def _rope(x, cos, sin):
@@ -169,8 +209,9 @@ def _rope(x, cos, sin):
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
-def hidden_states(model, b: PackedBatch) -> torch.Tensor:
-    """Final-normed hidden states (N, H) of the batch's flat rows."""
+def hidden_states(model, b: PackedBatch, stored: torch.Tensor | None = None, widths: tuple[int, ...] = ()) -> torch.Tensor:
+    """Final-normed hidden states (N, H) of the batch's flat rows. `stored` (N, layers, sum of
+    `widths`): the rows' recorded qkv | o | gate_up | down outputs, used instead of the matmuls."""
     base = unwrap(model).base_model
     cfg = base.config
     hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -181,15 +222,14 @@ def hidden_states(model, b: PackedBatch) -> torch.Tensor:
     n, e = h.shape
     cos, sin = base.rotary_emb(h[None], pos[None])
     cos, sin = cos[0], sin[0]  # (N, D)
-    for layer in base.layers:
+    for i, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        qp, kp, vp, op, gp, up, dp = (frozen_linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
-                                                                   mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        ys = [None] * 4 if stored is None else stored[:, i].split(list(widths), dim=-1)  # qkv, o, gate_up, down
         x = F.rms_norm(h, (e,), layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
-        q = _rope(qp(x).view(n, hq, d), cos, sin)
-        k = _rope(kp(x).view(n, hkv, d), cos, sin)
-        v = vp(x).view(n, hkv, d)
-        h = h + op(_attention(q, k, v, b, hkv))
+        q, k, v = _proj(x, ys[0], attn.q_proj, attn.k_proj, attn.v_proj)
+        q, k, v = _rope(q.view(n, hq, d), cos, sin), _rope(k.view(n, hkv, d), cos, sin), v.view(n, hkv, d)
+        h = h + _proj(_attention(q, k, v, b, hkv), ys[1], attn.o_proj)[0]
         x = F.rms_norm(h, (e,), layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
-        h = h + dp(F.silu(gp(x)) * up(x))
+        gate, up = _proj(x, ys[2], mlp.gate_proj, mlp.up_proj)
+        h = h + _proj(F.silu(gate) * up, ys[3], mlp.down_proj)[0]
     return F.rms_norm(h, (e,), base.norm.weight, base.norm.variance_epsilon)
