@@ -147,7 +147,9 @@ class RuntimeConfig(Section):
     backend: Literal["local", "ray"] = "local"
     workers: int = Field(1, ge=1)  # rollout workers (engine + agent loop + sandbox scoring each)
     worker_kind: Literal["thread", "process"] = "process"  # local async workers: threads share the GIL; processes do not
-    worker_threads: int | None = Field(None, ge=1)  # torch threads of a process worker; None: all cores (they time-share)
+    # torch threads of a local process worker; None: cores // (workers + 1), at least 1. While rollouts run the trainer
+    # keeps the other cores (oversubscribed OpenMP threads stall each other: 2+2 threads on 2 cores ran at 0.2x)
+    worker_threads: int | None = Field(None, ge=1)
     weight_sync: Literal["auto", "inprocess", "shm", "files"] = "auto"  # auto: inprocess for threads, shm for processes
     buffer_capacity: int = Field(0, ge=0)  # groups held between workers and trainer; 0: (max_staleness + 2) x prompts_per_step
     buffer_order: Literal["fifo", "recency", "priority"] = "fifo"  # fifo trains each step on its own request (deterministic)

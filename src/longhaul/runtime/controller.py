@@ -70,6 +70,14 @@ class Controller:
         self._stop = threading.Event()
         self._receiver = None
         self._lock = threading.RLock()  # requests / finished are shared with the receiver thread
+        import torch
+
+        self.full_threads = torch.get_num_threads()
+        self.shared_threads = None  # local process workers share this machine's cores with the trainer
+        if cfg.runtime.mode == "async" and cfg.runtime.backend == "local" and cfg.runtime.worker_kind == "process":
+            from longhaul.runtime.local import trainer_threads
+
+            self.shared_threads = min(self.full_threads, trainer_threads(cfg))
 
     # ---- the loop -----------------------------------------------------------------------
     def start(self, start_step: int) -> None:
@@ -171,6 +179,15 @@ class Controller:
         kept = varied[:self.P] or [e for e in entries if e.round == 0]
         self.buffer.drop([e for e in entries if e not in kept], step)
         return kept, info
+
+    def trainer_threads(self) -> int:
+        """Torch threads for the next update: the cores the workers leave while they generate,
+        every core when nothing is in flight."""
+        if self.shared_threads is None:
+            return self.full_threads
+        with self._lock:
+            busy = bool(self.requests)
+        return self.shared_threads if busy else self.full_threads
 
     def publish(self, step: int) -> None:
         self.rollouts.load_weights(self.policy, step)

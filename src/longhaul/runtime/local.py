@@ -22,6 +22,21 @@ from longhaul.runtime.rollout import RolloutRequest, RolloutResult, RolloutWorke
 from longhaul.runtime.weights import FileWeights, InProcessWeights, SharedMemoryWeights, SyncStats
 
 
+def worker_threads(cfg) -> int:
+    """Torch threads of each local process worker (see runtime.worker_threads)."""
+    import os
+
+    rt = cfg.runtime
+    return rt.worker_threads or max(1, (os.cpu_count() or 1) // (rt.workers + 1))
+
+
+def trainer_threads(cfg) -> int:
+    """Threads the trainer keeps while local process workers generate: the cores they leave."""
+    import os
+
+    return max(1, (os.cpu_count() or 1) - cfg.runtime.workers * worker_threads(cfg))
+
+
 class InlineRollouts:
     """One worker, no concurrency: `poll` runs the oldest pending request to completion."""
 
@@ -173,11 +188,12 @@ class ProcessRollouts(_TransportPool):
         self._procs: dict[int, object] = {}
         self._boxes: dict[int, object] = {}
         self._cfg_json = cfg.model_dump_json()
+        self.threads = worker_threads(cfg)
 
     def _spawn(self, wid: int) -> None:
         box = self.ctx.Queue()
         p = self.ctx.Process(target=_child_main, name=f"longhaul-rollout-{wid}", daemon=True,
-                             args=(self._cfg_json, wid, self.transport, self.inbox, box, self.cfg.runtime.worker_threads))
+                             args=(self._cfg_json, wid, self.transport, self.inbox, box, self.threads))
         p.start()
         self._procs[wid], self._boxes[wid] = p, box
 

@@ -212,6 +212,7 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         _train_steps(cfg, ctl, trainer, policy, tok, run_dir, log, start)
     finally:
         ctl.close()
+        torch.set_num_threads(ctl.full_threads)
         if hasattr(trainer, "close"):
             trainer.close()
     t_train = time.perf_counter() - t_train
@@ -235,6 +236,7 @@ def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir:
             t0 = time.perf_counter()
             ctl.admit(cfg.train.steps)
             groups, gen = ctl.gather(step)
+            torch.set_num_threads(ctl.trainer_threads())
             m = trainer.step(groups)
             ctl.publish(step)
             metrics = {**_step_metrics(groups, gen, m, time.perf_counter() - t0), **ctl.stats()}
