@@ -161,6 +161,43 @@ class RuntimeConfig(Section):
     worker_memory_gb: float | None = Field(None, gt=0)  # ray: memory a rollout actor asks for (None: no request)
 
 
+class DomainConfig(Section):
+    """One domain of a joint run (an item of the `domains:` list)."""
+    family: str  # a built-in family, or your own as package.module:Name
+    name: str | None = None  # unique in the run; None: the family name (name repeated families explicitly)
+    version: str | None = None  # pin: refuse to train when the installed family has another version
+    weight: float = Field(1.0, gt=0)  # share of rollout slots among drawable domains of the same priority
+    priority: int = 0  # higher pre-empts: it takes every slot it can use before any lower priority is drawn
+    budget_episodes: int | None = Field(None, ge=1)  # episodes (trajectories) after which it stops being drawn
+    budget_tokens: int | None = Field(None, ge=1)  # tokens (prompt + completion) after which it stops being drawn
+    difficulty: int = Field(1, ge=1, le=3)
+    subfamilies: list[str] | None = None  # None: all sub-families of the family
+    tasks: int = Field(256, ge=1)  # training pool size; the curriculum draws from it
+    curriculum: str | None = None  # None: scheduling.curriculum
+    max_turns: int | None = Field(None, ge=1)  # None: rollout.max_turns
+    max_new_tokens: int | None = Field(None, ge=1)  # None: rollout.max_new_tokens
+    exec_timeout_s: float | None = Field(None, gt=0)  # None: rollout.exec_timeout_s
+    sandbox: dict = {}  # SandboxSpec fields (wall_s, memory_bytes, pids, network, ...) for this domain's episodes
+    reward: str | None = None  # package.module:function (completions, tasks) -> rewards, replacing the verifier's reward
+    reward_scale: float = 1.0  # shaped reward = reward_scale * reward + reward_offset
+    reward_offset: float = 0.0
+    require_envcheck: bool = True  # refuse the family without a current, passing envcheck manifest entry
+
+    @property
+    def key(self) -> str:
+        return self.name or self.family
+
+
+class SchedulingConfig(Section):
+    """How domains share the rollout batch and how each domain picks its tasks."""
+    mixing: Literal["stride", "sample"] = "stride"  # stride: deterministic weighted round robin (shares exact to a slot); sample: i.i.d. by weight
+    curriculum: str = "uniform"  # default policy (longhaul.runtime.scheduling.curriculum): uniform, learnable_band, retire_solved, revisit_failures
+    window: int = Field(16, ge=1)  # recent outcomes kept per task; a task's pass rate is over these
+    min_samples: int = Field(4, ge=1)  # outcomes before a task's pass rate is trusted (fewer: it counts as unexplored)
+    boost: float = Field(4.0, gt=0)  # weight of a favoured task (learnable band, recent failure) vs 1 for a neutral one
+    floor: float = Field(0.1, ge=0)  # learnable_band: weight of a task stuck at 0 or 1 (kept > 0: the policy moves)
+
+
 class LogConfig(Section):
     tensorboard: bool = True
     progress: bool = True
@@ -179,6 +216,8 @@ class RunConfig(Section):
     eval: EvalConfig = EvalConfig()
     data: DataConfig = DataConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    domains: list[DomainConfig] = []  # a joint multi-domain run (docs/scheduling.md); empty: task.family alone
+    scheduling: SchedulingConfig = SchedulingConfig()
     log: LogConfig = LogConfig()
 
     @property
@@ -198,11 +237,19 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
 
 
 def _section_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The section model at a validation error's location (list items like domains.2 included)."""
+    import typing
+
     for part in loc:
+        if isinstance(part, int):
+            continue  # an item of the list the previous part named
         field = model.model_fields.get(str(part))
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+        ann = field.annotation if field is not None else None
+        if typing.get_origin(ann) is list:
+            ann = typing.get_args(ann)[0]
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
             return None
-        model = field.annotation
+        model = ann
     return model
 
 

@@ -31,9 +31,10 @@ class TimedPolicy:
 
 def rollout_groups(model, tok, family, tasks, group_size: int, params: SamplingParams, seed: int, version: int = 0,
                    max_turns: int = 8, max_tokens: int | None = None, exec_timeout_s: float = 5.0,
-                   exec_workers: int = 2) -> tuple[list[list[Trajectory]], dict]:
+                   exec_workers: int = 2, make_env=None) -> tuple[list[list[Trajectory]], dict]:
     """`group_size` trajectories per task, grouped by task, and timings (`timing/gen`,
-    `timing/score`, `gen_tokens`). `params` sets the per-reply budget and sampling."""
+    `timing/score`, `gen_tokens`). `params` sets the per-reply budget and sampling; `make_env`
+    (task -> Env) replaces the family's env for workspace families (e.g. other sandbox limits)."""
     if family.kind == "answer":
         return run_groups(model, tok, family, tasks, params, group_size, seed=seed, version=version,
                           exec_timeout_s=exec_timeout_s, exec_workers=exec_workers)
@@ -45,7 +46,7 @@ def rollout_groups(model, tok, family, tasks, group_size: int, params: SamplingP
                         workers=2 * exec_workers)
     flat = [t for t in tasks for _ in range(group_size)]
     t0 = time.perf_counter()
-    trajs = run_episodes(policy, tok, family.make_env or (lambda t: WorkspaceEnv()), flat, agent,
+    trajs = run_episodes(policy, tok, make_env or family.make_env or (lambda t: WorkspaceEnv()), flat, agent,
                          groups=[i // group_size for i in range(len(flat))])
     total = time.perf_counter() - t0
     groups = [trajs[i * group_size:(i + 1) * group_size] for i in range(len(tasks))]

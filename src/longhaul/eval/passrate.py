@@ -58,6 +58,13 @@ class EvalResult:
         os.replace(tmp, path)
 
     @classmethod
+    def concat(cls, results: list["EvalResult"]) -> "EvalResult":
+        """One result over several task sets (a joint run's domains), same label and samples."""
+        counts = None if any(r.counts is None for r in results) else [c for r in results for c in r.counts]
+        return cls(results[0].label, [t for r in results for t in r.task_ids], [p for r in results for p in r.passed],
+                   [s for r in results for s in r.statuses], counts, results[0].samples)
+
+    @classmethod
     def load(cls, path: Path) -> "EvalResult":
         d = json.loads(path.read_text())
         return cls(d["label"], d["task_ids"], d["passed"], d["statuses"], d.get("counts"), d.get("samples", 1))

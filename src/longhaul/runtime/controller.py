@@ -53,11 +53,15 @@ def make_rollouts(cfg, family, tok, policy, run_dir):
 
 
 class Controller:
-    def __init__(self, cfg, tasks: list, trainer, rollouts, buffer: ReplayBuffer, policy, cursor: int):
-        self.cfg, self.tasks, self.trainer, self.rollouts, self.buffer, self.policy = cfg, tasks, trainer, rollouts, buffer, policy
+    def __init__(self, cfg, source, trainer, rollouts, buffer: ReplayBuffer, policy, epoch: int = 0):
+        """source: a `tasks.TaskStream` / `tasks.ScheduledTasks`. epoch: how many times the run was
+        resumed (requests of a later epoch get distinct ids: those of an earlier one may be logged)."""
+        self.cfg, self.source, self.trainer, self.rollouts, self.buffer, self.policy = cfg, source, trainer, rollouts, buffer, policy
         self.s = cfg.runtime.max_staleness if cfg.runtime.mode == "async" else 0
         self.P = cfg.rollout.prompts_per_step
-        self.cursor = cursor  # train tasks handed to requests so far (the data position)
+        self.epoch = epoch
+        self.submitted = 0  # requests submitted over the run (a checkpoint's count decides what a resume reuses)
+        self.ingested: set[str] = set()  # requests whose results reached the buffer (and the task source)
         self.requests: dict[str, RolloutRequest] = {}  # submitted, not yet finished
         self.finished: dict[str, RolloutResult] = {}  # uid -> result (groups are in the buffer)
         self.next_step = 1  # the next step whose first request is not yet submitted
@@ -80,22 +84,13 @@ class Controller:
             self.shared_threads = min(self.full_threads, trainer_threads(cfg))
 
     # ---- the loop -----------------------------------------------------------------------
-    def start(self, start_step: int) -> None:
-        """Pick up where the log left off (a resumed run), then start the workers."""
+    def start(self, start_step: int, resume: dict | None = None) -> None:
+        """Start the workers; for a resumed run first pick up the requests the checkpoint knew of
+        (`resume`: `checkpoint_state()` as saved): finished ones are reused from the buffer,
+        unfinished ones run again with the same tasks and seed, later ones are dropped."""
         self.version, self.next_step = start_step, start_step + 1
-        for row in self.buffer.notes("submit"):
-            if row["step"] <= start_step:
-                continue
-            req = RolloutRequest(row["step"], row["round"], self.tasks[row["cursor"]:row["cursor"] + row["n"]], row["seed"],
-                                 row["min_version"], row["cursor"])
-            self.rounds[req.step] = max(self.rounds[req.step], req.round)
-            self.cursor = max(self.cursor, row["cursor"] + row["n"])
-            self.next_step = max(self.next_step, req.step + 1)
-            have = self.buffer.select(lambda e, u=req.uid: e.uid.startswith(u + "/"))
-            if len(have) == len(req.tasks):
-                self.finished[req.uid] = None  # finished before the restart; its groups are buffered
-            else:
-                self.requests[req.uid] = req
+        if resume is not None:
+            self._reload(start_step, resume)
         if start_step:  # a resumed run: the workers' weights are version start_step, not 0
             self.rollouts.load_weights(self.policy, start_step)
         self.rollouts.start()
@@ -105,6 +100,37 @@ class Controller:
             self._receiver = threading.Thread(target=self._receive, name="rollout-receiver", daemon=True)
             self._receiver.start()
 
+    def _reload(self, start_step: int, state: dict) -> None:
+        notes = self.buffer.notes("submit")
+        known, later = notes[:state["submitted"]], notes[state["submitted"]:]
+        self.submitted, self.ingested = state["submitted"], set(state["ingested"])
+        for row in later:  # drawn after the checkpoint: the restored task source will draw afresh
+            self.buffer.drop(self.buffer.select(lambda e, u=row["uid"]: e.uid.startswith(u + "/")), start_step)
+        for row in known:
+            if row["step"] <= start_step:
+                continue
+            tasks = [self.source.find(d, tid) for d, tid in row["tasks"]]
+            req = RolloutRequest(row["step"], row["round"], tasks, row["seed"], row["min_version"],
+                                 domains=[d for d, _ in row["tasks"]] if row["tasks"] and row["tasks"][0][0] else None,
+                                 epoch=row.get("epoch", 0))
+            self.rounds[req.step] = max(self.rounds[req.step], req.round)
+            self.next_step = max(self.next_step, req.step + 1)
+            have = self.buffer.select(lambda e, u=req.uid: e.uid.startswith(u + "/"))
+            if len(have) == len(req.tasks):
+                self.finished[req.uid] = None  # finished before the restart; its groups are buffered
+                if req.uid not in self.ingested:  # finished after the checkpoint: the source has not seen it
+                    self.source.record([e.group for e in sorted(have, key=lambda e: e.index)])
+                    self.ingested.add(req.uid)
+            else:
+                self.buffer.drop(have, start_step)
+                self.requests[req.uid] = req
+
+    def checkpoint_state(self) -> dict:
+        """What a resume needs besides the trainer: the task source and which requests existed."""
+        with self._lock:
+            return {"tasks": self.source.state_dict(), "submitted": self.submitted, "ingested": sorted(self.ingested),
+                    "epoch": self.epoch}
+
     def admit(self, last_step: int) -> None:
         """Submit first requests for every step the staleness bound allows now."""
         while self.next_step <= last_step and self.next_step - 1 - self.s <= self.version:
@@ -112,13 +138,16 @@ class Controller:
             self.next_step += 1
 
     def _submit(self, step: int, round_: int, n: int) -> bool:
-        tasks = self.tasks[self.cursor:self.cursor + n]
-        if not tasks:
+        with self._lock:  # the receiver thread records outcomes into the same source
+            drawn = self.source.take(n)
+        if not drawn:
             return False
-        req = RolloutRequest(step, round_, tasks, self.cfg.seed * 1_000_003 + step + 7919 * round_, max(0, step - 1 - self.s), self.cursor)
-        self.cursor += len(tasks)
-        self.buffer.note({"op": "submit", "uid": req.uid, "step": step, "round": round_, "cursor": req.cursor, "n": len(tasks),
-                          "seed": req.seed, "min_version": req.min_version})
+        domains = [d for d, _ in drawn] if drawn[0][0] is not None else None
+        req = RolloutRequest(step, round_, [t for _, t in drawn], self.cfg.seed * 1_000_003 + step + 7919 * round_,
+                             max(0, step - 1 - self.s), domains=domains, epoch=self.epoch)
+        self.submitted += 1
+        self.buffer.note({"op": "submit", "uid": req.uid, "step": step, "round": round_, "seed": req.seed, "epoch": self.epoch,
+                          "min_version": req.min_version, "tasks": [[d, t.task_id] for d, t in drawn]})
         with self._lock:
             self.requests[req.uid] = req
         self.rollouts.submit(req)
@@ -212,6 +241,9 @@ class Controller:
                 task_id = group[0].info.get("task_id", str(i)) if group else str(i)
                 self.buffer.put(Entry(f"{res.uid}/{i}", res.step, res.round, i, task_id, group, reward_spread(group)))
             with self._lock:
+                if res.uid not in self.ingested:  # a requeued request's second result adds nothing
+                    self.source.record(res.groups)
+                    self.ingested.add(res.uid)
                 self.finished[res.uid] = res
                 self.requests.pop(res.uid, None)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from longhaul.agent.rollout import rollout_groups
 from longhaul.inference import LLMEngine, SamplingParams
@@ -32,12 +32,13 @@ class RolloutRequest:
     tasks: list
     seed: int
     min_version: int  # admission: generation may not start from weights older than this
-    cursor: int = 0  # position of tasks[0] in the run's task stream (for resume)
+    domains: list[str] | None = None  # a joint run: each task's domain (None: the run's one family)
+    epoch: int = 0  # resumes of the run before this request was made
     attempt: int = 0  # requeues so far
 
     @property
     def uid(self) -> str:
-        return f"{self.step}.{self.round}"
+        return f"{self.step}.{self.round}" + (f"e{self.epoch}" if self.epoch else "")
 
 
 @dataclass
@@ -84,6 +85,41 @@ def make_sampler(cfg, policy, tok):
     return frozen_copy(policy, torch.bfloat16) if cfg.rollout.dtype == "bfloat16" else policy
 
 
+@dataclass(frozen=True)
+class DomainRun:
+    """What a worker needs to roll out one domain of a joint run."""
+    family: object
+    max_turns: int
+    max_new_tokens: int
+    exec_timeout_s: float
+    make_env: object  # task -> Env for workspace families with a sandbox override, else None
+    scale: float
+    offset: float
+
+
+def domain_runs(cfg) -> dict[str, DomainRun]:
+    """Each domain's family (its reward replaced where configured), limits and shaping; the task
+    pools stay with the scheduler."""
+    from longhaul.envs import get_family
+    from longhaul.envs.registry import reward_family
+
+    out = {}
+    for d in cfg.domains:
+        fam = get_family(d.family)
+        if d.reward:
+            fam = reward_family(fam, d.reward)
+        make_env = None
+        if d.sandbox:
+            from longhaul.envs.workspace import WorkspaceEnv, WorkspaceLimits
+
+            limits = WorkspaceLimits(spec=replace(WorkspaceLimits().spec, **d.sandbox))
+            make_env = lambda task, limits=limits: WorkspaceEnv(limits)  # noqa: E731
+        r = cfg.rollout
+        out[d.key] = DomainRun(fam, d.max_turns or r.max_turns, d.max_new_tokens or r.max_new_tokens,
+                               d.exec_timeout_s or r.exec_timeout_s, make_env, d.reward_scale, d.reward_offset)
+    return out
+
+
 def sampling_params(cfg, family) -> SamplingParams:
     return SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                           top_p=cfg.rollout.top_p, stop=family.stop, batch_size=64)
@@ -94,6 +130,7 @@ class RolloutWorker:
         self.cfg, self.family, self.tok, self.sampler, self.name = cfg, family, tok, sampler, name
         self.version = version
         self.params = sampling_params(cfg, family)
+        self._domains = None  # a joint run's per-domain families and limits, built on first use
         self._loads = 0
         self._lock = threading.Lock()
 
@@ -112,11 +149,40 @@ class RolloutWorker:
     def run(self, req: RolloutRequest) -> RolloutResult:
         cfg = self.cfg
         started, loads0, v0 = time.time(), self._loads, self.version
-        groups, timings = rollout_groups(self.sampler, self.tok, self.family, req.tasks, cfg.rollout.group_size, self.params,
-                                         seed=req.seed, version=self.version, max_turns=cfg.rollout.max_turns,
-                                         max_tokens=cfg.model.context_length, exec_timeout_s=cfg.rollout.exec_timeout_s,
-                                         exec_workers=cfg.rollout.exec_workers)
+        if req.domains is None:
+            groups, timings = rollout_groups(self.sampler, self.tok, self.family, req.tasks, cfg.rollout.group_size, self.params,
+                                             seed=req.seed, version=self.version, max_turns=cfg.rollout.max_turns,
+                                             max_tokens=cfg.model.context_length, exec_timeout_s=cfg.rollout.exec_timeout_s,
+                                             exec_workers=cfg.rollout.exec_workers)
+        else:
+            groups, timings = self._run_domains(req)
         return RolloutResult(req.uid, req.step, req.round, groups, timings, self.name, started, time.time(), v0, self._loads - loads0)
+
+    def _run_domains(self, req: RolloutRequest) -> tuple[list, dict]:
+        """A joint run's request: each domain's tasks with its family, limits and reward shaping;
+        groups come back in the request's order, each trajectory tagged with its domain."""
+        cfg = self.cfg
+        if self._domains is None:
+            self._domains = domain_runs(cfg)
+        by_domain: dict[str, list[int]] = {}
+        for i, d in enumerate(req.domains):
+            by_domain.setdefault(d, []).append(i)
+        groups: list = [None] * len(req.tasks)
+        timings = {"timing/gen": 0.0, "timing/score": 0.0, "gen_tokens": 0}
+        for k, (name, idx) in enumerate(by_domain.items()):
+            run = self._domains[name]
+            params = replace(self.params, max_new_tokens=run.max_new_tokens, stop=run.family.stop)
+            got, t = rollout_groups(self.sampler, self.tok, run.family, [req.tasks[i] for i in idx], cfg.rollout.group_size, params,
+                                    seed=req.seed + 104_729 * k, version=self.version, max_turns=run.max_turns,
+                                    max_tokens=cfg.model.context_length, exec_timeout_s=run.exec_timeout_s,
+                                    exec_workers=cfg.rollout.exec_workers, make_env=run.make_env)
+            for i, group in zip(idx, got):
+                for traj in group:
+                    traj.info.update(domain=name, raw_reward=traj.reward)
+                    traj.reward = run.scale * traj.reward + run.offset
+                groups[i] = group
+            timings = {key: timings[key] + t[key] for key in timings}
+        return groups, timings
 
 
 def worker_from_config(cfg, name: str) -> RolloutWorker:
@@ -132,7 +198,8 @@ def infra_failure(req: RolloutRequest, group_size: int, why: str, worker: str = 
     """What a request that kept failing yields: every episode an infra error (never scored or
     trained on), so the run goes on and says why."""
     groups = [[Trajectory([], 0.0, g, {"task_id": t.task_id, "family": getattr(t, "family", ""), "ended": "infra_error",
-                                       "status": "infra_error", "passed": False, "infra_error": why})
+                                       "status": "infra_error", "passed": False, "infra_error": why,
+                                       **({"domain": req.domains[g]} if req.domains else {})})
                for _ in range(group_size)] for g, t in enumerate(req.tasks)]
     now = time.time()
     return RolloutResult(req.uid, req.step, req.round, groups, {"timing/gen": 0.0, "timing/score": 0.0, "gen_tokens": 0},

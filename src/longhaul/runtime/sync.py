@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,6 +34,7 @@ from longhaul.runtime.controller import Controller, buffer_capacity, make_rollou
 from longhaul.runtime.metrics import MetricsLog, read_metrics
 from longhaul.runtime.progress import console, progress_bar
 from longhaul.runtime.rollout import build_family, make_sampler
+from longhaul.runtime.tasks import ScheduledTasks, TaskStream
 
 
 def _grpo(cfg: RunConfig, policy, tok):
@@ -59,31 +60,79 @@ ONLINE.update(grpo=_grpo, ppo=_ppo, onpolicy_distill=_onpolicy_distill)
 
 
 @dataclass
+class Part:
+    """One family a run trains and evaluates on: the run's family, or one domain of a joint run."""
+    name: str | None  # the domain; None for a single-family run
+    family: object
+    train: list  # training tasks (a joint run's domain pool)
+    heldout: list
+    max_new_tokens: int
+
+
+@dataclass
 class Prepared:
     cfg: RunConfig
-    family: object
+    family: object  # the (first) part's family
     policy: object
     tok: object
     train_tasks: list
-    heldout: list
+    heldout: list  # every part's held-out tasks, in part order
+    parts: list[Part] = field(default_factory=list)
+    scheduler: object = None  # a joint run's TaskScheduler
 
 
 def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
     """Load and validate everything; touches nothing on disk except the model cache."""
-    excluded = require_checked(get_family(cfg.task.family)) if cfg.task.require_envcheck and training else set()
-    family = build_family(cfg)
     _check_runtime(cfg)
-    n_train = cfg.train.steps * cfg.rollout.prompts_per_step * (1 + (cfg.algo.max_refill_rounds if cfg.algo.dynamic_sampling else 0))  # refills draw extra tasks
-    try:
-        train_tasks = _usable(family, "train", n_train, cfg, excluded) if n_train else []
-        heldout = _usable(family, "heldout", cfg.eval.n_tasks, cfg, excluded) if cfg.eval.before_after else []
-    except ValueError as e:
-        raise LonghaulError(f"task config: {e}") from e
+    scheduler = None
+    if cfg.domains:
+        parts, scheduler = _domain_parts(cfg, training)
+    else:
+        excluded = require_checked(get_family(cfg.task.family)) if cfg.task.require_envcheck and training else set()
+        family = build_family(cfg)
+        n_train = cfg.train.steps * cfg.rollout.prompts_per_step * (1 + (cfg.algo.max_refill_rounds if cfg.algo.dynamic_sampling else 0))  # refills draw extra tasks
+        try:
+            train_tasks = _usable(family, "train", n_train, cfg, excluded) if n_train else []
+            heldout = _usable(family, "heldout", cfg.eval.n_tasks, cfg, excluded) if cfg.eval.before_after else []
+        except ValueError as e:
+            raise LonghaulError(f"task config: {e}") from e
+        parts = [Part(None, family, train_tasks, heldout, cfg.rollout.max_new_tokens)]
     policy, tok = load_policy(cfg.model.name)
     context = cfg.model.context_length or policy.config.max_position_embeddings
-    budget = max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens if heldout else 0)
-    longest = max(train_tasks + heldout, key=lambda t: len(t.prompt))
-    if family.kind == "answer":
+    for part in parts:
+        _check_context(part, tok, context, cfg.eval.max_new_tokens if part.heldout else 0)
+    return Prepared(cfg, parts[0].family, policy, tok, parts[0].train if not cfg.domains else [], [t for p in parts for t in p.heldout],
+                    parts, scheduler)
+
+
+def _domain_parts(cfg: RunConfig, training: bool) -> tuple[list[Part], object]:
+    """A joint run's domains (envcheck-gated, version-pinned) as parts, and their scheduler."""
+    from longhaul.runtime.scheduling import TaskScheduler
+
+    for d in cfg.domains:
+        fam = get_family(d.family)
+        if d.sandbox and (fam.kind == "answer" or fam.make_env is not None):
+            raise LonghaulError(f"domain {d.key!r}: a sandbox override applies to workspace families with the default env; "
+                                f"{d.family!r} scores {'answers' if fam.kind == 'answer' else 'with its own env'}: drop `sandbox`")
+    scheduler = TaskScheduler.from_config(cfg.domains if training else [d.model_copy(update={"require_envcheck": False}) for d in cfg.domains],
+                                          cfg.scheduling, seed=cfg.seed, group_size=cfg.rollout.group_size)
+    n_eval = max(1, cfg.eval.n_tasks // len(cfg.domains))
+    parts = []
+    for dcfg, dom in zip(cfg.domains, scheduler.domains):
+        excluded = require_checked(get_family(dcfg.family)) if dcfg.require_envcheck and training else set()
+        try:
+            heldout = [t for t in dom.family.make_split("heldout", n_eval + len(excluded), dcfg.difficulty, dcfg.subfamilies)
+                       if t.task_id not in excluded][:n_eval] if cfg.eval.before_after else []
+        except ValueError as e:
+            raise LonghaulError(f"domain {dom.name!r}: {e}") from e
+        parts.append(Part(dom.name, dom.family, dom.tasks, heldout, dom.limits.max_new_tokens or cfg.rollout.max_new_tokens))
+    return parts, scheduler
+
+
+def _check_context(part: Part, tok, context: int, eval_tokens: int) -> None:
+    longest = max(part.train + part.heldout, key=lambda t: len(t.prompt))
+    budget = max(part.max_new_tokens, eval_tokens)
+    if part.family.kind == "answer":
         n_prompt = len(encode_prompt(tok, longest.prompt))
     else:
         from longhaul.envs.workspace import WorkspaceEnv
@@ -95,7 +144,6 @@ def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
             f"prompt of task {longest.task_id} is {n_prompt} tokens and {budget} new tokens are asked, over the model context "
             f"of {context}; lower rollout.max_new_tokens / eval.max_new_tokens or raise model.context_length"
         )
-    return Prepared(cfg, family, policy, tok, train_tasks, heldout)
 
 
 def _check_runtime(cfg: RunConfig) -> None:
@@ -129,15 +177,21 @@ def _open_run_dir(cfg: RunConfig, resume: bool) -> tuple[Path, Path | None]:
 
 
 def evaluate_heldout(prep: Prepared, make_model, label: str, path: Path, samples: int = 1, temperature: float = 0.8) -> EvalResult:
+    """Held-out pass rate of `make_model()`'s sampler over every part (a joint run: each domain's
+    held-out tasks in turn, one result over all of them), cached at `path`."""
     if path.exists():
         return EvalResult.load(path)
     model = make_model()
     cfg = prep.cfg
+    parts = prep.parts or [Part(None, prep.family, prep.train_tasks, prep.heldout, cfg.rollout.max_new_tokens)]
+    results = []
     with progress_bar(cfg.log.progress) as prog:
         bar = prog.add_task(f"eval {label}", total=len(prep.heldout), info="")
-        res = evaluate(model, prep.tok, prep.family, prep.heldout, label, cfg.eval.max_new_tokens, cfg.eval.batch_size,
-                       cfg.rollout.exec_timeout_s, cfg.rollout.exec_workers, on_batch=lambda n: prog.advance(bar, n),
-                       samples=samples, temperature=temperature, seed=cfg.seed, max_turns=cfg.eval.max_turns)
+        for part in parts:
+            results.append(evaluate(model, prep.tok, part.family, part.heldout, label, cfg.eval.max_new_tokens, cfg.eval.batch_size,
+                                    cfg.rollout.exec_timeout_s, cfg.rollout.exec_workers, on_batch=lambda n: prog.advance(bar, n),
+                                    samples=samples, temperature=temperature, seed=cfg.seed, max_turns=cfg.eval.max_turns))
+    res = results[0] if len(results) == 1 else EvalResult.concat(results)
     res.save(path)
     lo, hi = res.interval
     if cfg.log.progress:
@@ -183,20 +237,27 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         trainer = ShardedTrainer(cfg, policy, tok, ckpt)
     else:
         trainer = ONLINE.get_fn(cfg.algo.name)(cfg, policy, tok)
-    start = cursor = 0  # cursor: train tasks consumed so far (the data position)
+    source = ScheduledTasks(prep.scheduler) if prep.scheduler is not None else TaskStream(prep.train_tasks)
+    start, state = 0, None
     if ckpt is not None:
         load_weights(policy, ckpt)
         state = load_trainer_state(ckpt)
         trainer.load_state_dict(state)
         set_rng_state(state["rng"])
         start = state["step"]
-        cursor = state.get("data_position", start * cfg.rollout.prompts_per_step)
+        # checkpoints written before the runtime kept its own state hold only the data position
+        state.setdefault("tasks", {"cursor": state.get("data_position", start * cfg.rollout.prompts_per_step)})
+        state.setdefault("submitted", 0)
+        state.setdefault("ingested", [])
+        source.load_state_dict(state["tasks"])
         console.print(f"resuming from {ckpt} (step {start})")
     log = MetricsLog(run_dir, cfg.log.tensorboard, resume_step=start if resume else None)
     if start < cfg.train.steps:  # results of an earlier, shorter run describe other weights
         (run_dir / "eval_trained.json").unlink(missing_ok=True)
+    if state is None:  # no checkpoint to continue from: the run starts over, and so does its replay log
+        (run_dir / "buffer.jsonl").unlink(missing_ok=True)
     buffer = ReplayBuffer.open(run_dir / "buffer.jsonl", buffer_capacity(cfg), cfg.runtime.buffer_order,
-                               resume_step=start if resume else None)
+                               resume_step=start if state is not None else None)
     rollouts = make_rollouts(cfg, family, tok, policy, run_dir)
     # evaluation samples in this process: with the inline worker's sampler, else a sampler of its own
     eval_sampler = (lambda: rollouts.sampler) if hasattr(rollouts, "sampler") else (lambda: make_sampler(cfg, policy, tok))
@@ -205,10 +266,10 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         # a resumed run normally finds the base result on disk; if not, the base weights are reloaded
         base_model = eval_sampler if ckpt is None else (lambda: make_sampler(cfg, load_policy(cfg.model.name)[0], tok))
         base = evaluate_heldout(prep, base_model, "base", run_dir / "eval_base.json")
-    ctl = Controller(cfg, prep.train_tasks, trainer, rollouts, buffer, policy, cursor)
+    ctl = Controller(cfg, source, trainer, rollouts, buffer, policy, epoch=state.get("epoch", 0) + 1 if state else 0)
     t_train = time.perf_counter()
     try:
-        ctl.start(start)
+        ctl.start(start, resume=state)
         _train_steps(cfg, ctl, trainer, policy, tok, run_dir, log, start)
     finally:
         ctl.close()
@@ -239,7 +300,7 @@ def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir:
             torch.set_num_threads(ctl.trainer_threads())
             m = trainer.step(groups)
             ctl.publish(step)
-            metrics = {**_step_metrics(groups, gen, m, time.perf_counter() - t0), **ctl.stats()}
+            metrics = {**_step_metrics(groups, gen, m, time.perf_counter() - t0), **ctl.stats(), **ctl.source.metrics()}
             log.write(step, metrics)
             kl_key = "distill/reverse_kl" if "distill/reverse_kl" in metrics else "kl"
             info = (f"reward {metrics['reward']:.3f} pass {metrics['pass_rate']:.2f} {kl_key} {metrics[kl_key]:.4f} "
@@ -251,8 +312,9 @@ def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir:
                 prog.console.print(f"[yellow]warning:[/] {warning}")
             prog.update(bar, advance=1, info=info)
             if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
+                tasks = ctl.checkpoint_state()
                 save_checkpoint(run_dir / "checkpoints", step, policy, tok,
-                                {**trainer.state_dict(), "data_position": ctl.cursor}, cfg.train.keep_last)
+                                {**trainer.state_dict(), **tasks, "data_position": tasks["tasks"].get("cursor")}, cfg.train.keep_last)
 
 
 def _stability_warnings(m: dict, cfg: RunConfig) -> list[str]:

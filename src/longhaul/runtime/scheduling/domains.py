@@ -18,49 +18,9 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field
-
-from longhaul.config import Section
+from longhaul.config import DomainConfig, SchedulingConfig  # noqa: F401 (the config models live with the others; re-exported)
 from longhaul.errors import LonghaulError
-
-
-class DomainConfig(Section):
-    """One domain of a joint run (an item of the `domains:` list)."""
-    family: str  # a built-in family, or your own as package.module:Name
-    name: str | None = None  # unique in the run; None: the family name (name repeated families explicitly)
-    version: str | None = None  # pin: refuse to train when the installed family has another version
-    weight: float = Field(1.0, gt=0)  # share of rollout slots among drawable domains of the same priority
-    priority: int = 0  # higher pre-empts: it takes every slot it can use before any lower priority is drawn
-    budget_episodes: int | None = Field(None, ge=1)  # episodes (trajectories) after which it stops being drawn
-    budget_tokens: int | None = Field(None, ge=1)  # tokens (prompt + completion) after which it stops being drawn
-    difficulty: int = Field(1, ge=1, le=3)
-    subfamilies: list[str] | None = None  # None: all sub-families of the family
-    tasks: int = Field(256, ge=1)  # training pool size; the curriculum draws from it
-    curriculum: str | None = None  # None: scheduling.curriculum
-    max_turns: int | None = Field(None, ge=1)  # None: rollout.max_turns
-    max_new_tokens: int | None = Field(None, ge=1)  # None: rollout.max_new_tokens
-    exec_timeout_s: float | None = Field(None, gt=0)  # None: rollout.exec_timeout_s
-    sandbox: dict = {}  # SandboxSpec fields (wall_s, memory_bytes, pids, network, ...) for this domain's episodes
-    reward: str | None = None  # package.module:function (completions, tasks) -> rewards, replacing the verifier's reward
-    reward_scale: float = 1.0  # shaped reward = reward_scale * reward + reward_offset
-    reward_offset: float = 0.0
-    require_envcheck: bool = True  # refuse the family without a current, passing envcheck manifest entry
-
-    @property
-    def key(self) -> str:
-        return self.name or self.family
-
-
-class SchedulingConfig(Section):
-    """How domains share the rollout batch and how each domain picks its tasks."""
-    mixing: Literal["stride", "sample"] = "stride"  # stride: deterministic weighted round robin (shares exact to a slot); sample: i.i.d. by weight
-    curriculum: str = "uniform"  # default policy (longhaul.runtime.scheduling.curriculum): uniform, learnable_band, retire_solved, revisit_failures
-    window: int = Field(16, ge=1)  # recent outcomes kept per task; a task's pass rate is over these
-    min_samples: int = Field(4, ge=1)  # outcomes before a task's pass rate is trusted (fewer: it counts as unexplored)
-    boost: float = Field(4.0, gt=0)  # weight of a favoured task (learnable band, recent failure) vs 1 for a neutral one
-    floor: float = Field(0.1, ge=0)  # learnable_band: weight of a task stuck at 0 or 1 (kept > 0: the policy moves)
 
 
 @dataclass(frozen=True)
