@@ -163,3 +163,57 @@ def test_submitting_a_job_twice_is_refused():
     p.submit(_job("a", 1), 0.0)
     with pytest.raises(ValueError, match="already queued"):
         p.submit(_job("a", 1), 0.0)
+
+
+def test_a_job_evicted_max_preemptions_times_is_not_evicted_again():
+    p = _placer(preempt_after_s=0, max_preemptions=2)
+    p.submit(_job("low", 8, priority=0), 0.0)
+    p.schedule(0.0)
+    for k in range(3):
+        p.submit(_job(f"high{k}", 8, priority=1), 1.0 + k)
+        log = p.schedule(1.0 + k)
+        assert _preempted(log) == (["low"] if k < 2 else []), k
+        if k < 2:  # high finishes, low restarts
+            p.release(f"high{k}")
+            assert _started(p.schedule(1.5 + k)) == ["low"]
+    assert p.evictions["low"] == 2 and "low" in p.running
+
+
+def test_the_victim_that_saved_most_recently_goes_first():
+    p = _placer(preempt_after_s=0)
+    p.submit(_job("saves", 4, priority=0, checkpoint_every_s=100.0), 0.0)
+    p.schedule(0.0)
+    p.submit(_job("never-saves", 4, priority=0), 250.0)
+    p.schedule(250.0)
+    p.submit(_job("urgent", 4, priority=1), 305.0)
+    # at 305 s "saves" has 5 s of unsaved work, "never-saves" 55 s: the older job goes
+    assert _preempted(p.schedule(305.0)) == ["saves"]
+
+
+def test_aging_orders_a_long_waiting_job_one_priority_higher():
+    def first_started(age_after_s):
+        p = _placer(age_after_s=age_after_s, preempt=False, reserve_after_s=None)
+        p.submit(_job("blocker", 8, domain="x"), 0.0)
+        p.schedule(0.0)
+        p.submit(_job("old-low", 8, domain="lo", priority=0), 0.0)
+        p.submit(_job("new-high", 8, domain="hi", priority=1, at=4000.0), 4000.0)
+        p.release("blocker")
+        return _started(p.schedule(4000.0))
+    assert first_started(None) == ["new-high"]
+    assert first_started(3600.0) == ["old-low"]  # equal ordering priority now, and it came first
+
+
+def test_fair_preemption_evicts_over_share_domains_without_ping_pong():
+    c = Cluster([Node("n0", NODE, "r")])
+    p = Placer(c, PlacerConfig(fair_preempt_after_s=100.0, preempt_after_s=0), {"a": 1.0, "b": 1.0})
+    for k in range(4):
+        p.submit(_job(f"a{k}", 2, domain="a"), 0.0)
+    assert len(_started(p.schedule(0.0))) == 4  # a holds all 8 GPUs
+    p.submit(_job("b0", 2, domain="b"), 10.0)
+    p.submit(_job("b1", 2, domain="b"), 10.0)
+    assert p.schedule(50.0) == []  # equal priority: only fair-share pre-emption, after 100 s
+    log = p.schedule(110.0)
+    # b0 evicts one of a's jobs (a keeps 6 GPUs >= b's 2); b1 one more (a keeps 4 >= b's 4)
+    assert _started(log) == ["b0", "b1"] and len(_preempted(log)) == 2
+    assert p.schedule(400.0) == []  # neither holds more per weight than the other would after a swap
+    assert sorted(j[0] for j in p.running) == ["a", "a", "b", "b"]

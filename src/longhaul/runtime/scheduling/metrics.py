@@ -2,8 +2,9 @@
 
 `DomainMetrics` counts one domain's episodes since the last `flush()` (a training step) and in
 total; `flat()` gives the `domain/<name>/...` keys that go to metrics.jsonl. `domain_report`
-renders those rows as an HTML section (pass rate and share curves per domain, one chart each
-with every domain as a line, and a totals table) for the run report.
+renders those rows as an HTML section (pass rate, share and reward curves, one chart each with
+the largest domains as lines, and a totals table) for the run report; `write_domain_report`
+writes it as `domains.html` beside it.
 
 Keys per domain and step (`<m>` = `domain/<name>/`): `<m>episodes`, `<m>pass_rate`,
 `<m>reward` (the verifier's reward, before the domain's shaping), `<m>tokens`, `<m>sandbox_s`, `<m>draws`,
@@ -15,7 +16,9 @@ where the domain had no episode (never NaN).
 from __future__ import annotations
 
 import html
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -109,3 +112,18 @@ def domain_report(rows: list[dict], max_lines: int = 12) -> str:
     table = ("<table border='1' cellpadding='3' style='border-collapse:collapse;font-size:12px'><tr><th>domain</th><th>episodes</th>"
              "<th>pass rate</th><th>tokens</th><th>sandbox s</th></tr>" + body + "</table>")
     return ("<h2>Domains</h2><div style='display:flex;flex-wrap:wrap;gap:12px'>" + "".join(charts) + "</div>" + table)
+
+
+def write_domain_report(run_dir: Path, rows: list[dict], title: str = "domains") -> Path | None:
+    """`run_dir/domains.html`: the `domain_report` section as a page of its own (atomic); None
+    when the rows have no domain keys."""
+    section = domain_report(rows)
+    if not section:
+        return None
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
+            f"<body style='font-family:sans-serif'><h1>{html.escape(title)}</h1>{section}</body></html>")
+    out = Path(run_dir) / "domains.html"
+    tmp = out.with_suffix(".html.tmp")
+    tmp.write_text(page)
+    os.replace(tmp, out)
+    return out

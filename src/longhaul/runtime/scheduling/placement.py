@@ -45,6 +45,7 @@ class Job:
     checkpoint: str = ""  # cache key of those weights (model and version)
     preemptible: bool = True
     submitted: float = 0.0  # first submission time (kept across pre-emptions)
+    checkpoint_every_s: float | None = None  # how often it saves its progress; None: a pre-emption loses all of it
 
     @cached_property
     def needs(self) -> list[tuple[int, int, int]]:

@@ -2,8 +2,10 @@
 with pre-emption and draining reservations. One call of `schedule(now)` is one pass.
 
 Order (`order="fair"`): one FIFO queue per domain. The next job tried is the head of the domain
-with the highest head priority and, within that priority, the smallest current dominant share
-(the largest of its held CPU, memory and GPU fractions, weighted DRF) divided by its weight.
+with the highest head priority and, within that priority, the smallest share it holds now
+divided by its weight: its fraction of the cluster's GPUs (`share="gpu"`: GPU-hours are what
+domains are entitled to; CPUs and memory are packed, not shared out), or its dominant share,
+the largest of its CPU, memory and GPU fractions (`share="dominant"`: weighted DRF).
 With `backfill`, a head that does not fit does not stop the pass: up to `domain_scan` jobs
 behind it in its domain, then other domains, are tried (`scan_limit` attempts a pass).
 `order="fifo"` is one queue in submission order; without backfill a blocked head stops it.
@@ -11,8 +13,17 @@ behind it in its domain, then other domains, are tried (`scan_limit` attempts a 
 Pre-emption (`preempt`): a job that has waited `preempt_after_s` and cannot fit may evict
 running pre-emptible jobs of strictly lower priority (`queues.preempts`), only if that makes it
 fit: victims are taken node by node, lowest priority first, then the least work lost (held
-dominant share x time since they started), until the job's units fit. Victims go back to the
-head of their queue. At most `preempt_tries` such searches run a pass.
+dominant share x time since they last saved, per `Job.checkpoint_every_s`), until the job's
+units fit. Victims go back to the head of their queue. A job evicted `max_preemptions` times is
+not evicted again, so no job starves restarting; at most `preempt_tries` searches run a pass.
+
+Aging (`age_after_s`): a head that has waited that long is ordered as one priority higher, so
+lower priorities still start under sustained load; it never lets a job pre-empt.
+
+Fair-share pre-emption (`fair_preempt_after_s`): a head that has waited that long may also
+evict jobs of its own priority from domains that hold more per weight than its domain would
+after starting it, taking each victim only while the victim's domain keeps at least that much
+(no ping-pong); the most over-share domain's least costly job goes first.
 
 Reservations: a head that has waited `reserve_after_s` without fitting (a large gang that
 backfill keeps overtaking) gets nodes drained for it: up to `max_reservations` jobs at a time
@@ -41,6 +52,7 @@ from longhaul.runtime.scheduling.queues import preempts
 
 class PlacerConfig(Section):
     order: Literal["fair", "fifo"] = "fair"
+    share: Literal["gpu", "dominant"] = "gpu"  # what the weights share out: GPU-hours, or the dominant resource (weighted DRF)
     policy: str = "pack"  # node choice (longhaul.runtime.scheduling.placement): pack, first_fit
     backfill: bool = True  # try jobs behind one that does not fit
     preempt: bool = True  # a waiting job may evict strictly lower-priority pre-emptible jobs
@@ -51,6 +63,9 @@ class PlacerConfig(Section):
     cpus_per_gpu: float = Field(4.0, ge=0)  # CPUs CPU-only work must leave beside each free GPU of a GPU node
     scan_limit: int = Field(256, ge=1)  # placement attempts per pass (like Slurm's bf_max_job_test)
     preempt_tries: int = Field(4, ge=1)  # pre-emption searches per pass (each weighs every node), highest priority first
+    fair_preempt_after_s: float | None = Field(None, ge=0)  # a head waiting this long may evict jobs of over-share domains of its own priority; None: never
+    max_preemptions: int | None = Field(2, ge=0)  # a job evicted this often is not evicted again (no job starves restarting); None: no cap
+    age_after_s: float | None = Field(None, gt=0)  # a job waiting this long is ordered one priority higher (never for pre-emption); None: off (aging overrides the weights)
     domain_scan: int = Field(4, ge=1)  # jobs of one domain tried behind its blocked head
 
 
@@ -82,6 +97,7 @@ class Placer:
         self.reserved: dict[str, set[int]] = {}  # job id -> drained nodes, oldest first
         self.node_reserved: dict[int, str] = {}
         self.preemptions = 0
+        self.evictions: dict[str, int] = defaultdict(int)  # job id -> times pre-empted
         self.held_by_priority: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # pre-emptible holdings
         self._failed: set = set()  # shapes that did not fit since resources last came back (free only shrinks meanwhile)
         self._bonus: dict = {}  # priority -> (victim runs, what evicting them frees per node, its rack summaries), until resources change
@@ -125,11 +141,22 @@ class Placer:
         """The job's largest fraction of the cluster's CPUs, memory or GPUs (its DRF share)."""
         return max(job.total[k] / self.c.total[k] for k in range(3) if self.c.total[k])
 
-    def _hold(self, job: Job, sign: int) -> None:
-        self.share[job.domain] = max(0.0, self.share[job.domain] + sign * self.dominant(job))
+    def _evictable(self, job: Job) -> bool:
+        cap = self.cfg.max_preemptions
+        return job.preemptible and (cap is None or self.evictions[job.id] < cap)
+
+    def charge(self, job: Job) -> float:
+        """What a running job counts against its domain's weight: its fraction of the GPUs (or,
+        with `share: dominant` or on a cluster without GPUs, its dominant share)."""
+        if self.cfg.share == "gpu" and self.c.total[2]:
+            return job.total[2] / self.c.total[2]
+        return self.dominant(job)
+
+    def _hold(self, job: Job, sign: int, evictable: bool) -> None:
+        self.share[job.domain] = max(0.0, self.share[job.domain] + sign * self.charge(job))
         self._bonus.clear()
         self._failed_preempt.clear()
-        if job.preemptible:
+        if evictable:
             acc = self.held_by_priority[job.priority]
             for k in range(3):
                 acc[k] += sign * job.total[k]
@@ -152,17 +179,17 @@ class Placer:
         self._dequeue(job)
         run = Running(job, list(nodes), now, load)
         self.running[job.id] = run
-        if job.preemptible:
+        evictable = self._evictable(job)
+        if evictable:
             self.by_priority[job.priority][job.id] = run
-        self._hold(job, +1)
+        self._hold(job, +1, evictable)
         return run
 
     def release(self, job_id: str) -> Running:
         """A running job finished (or was stopped): its resources go back."""
         run = self.running.pop(job_id)
-        self.by_priority[run.job.priority].pop(job_id, None)
         self.c.release(job_id)
-        self._hold(run.job, -1)
+        self._hold(run.job, -1, self.by_priority[run.job.priority].pop(job_id, None) is not None)
         self._failed.clear()
         return run
 
@@ -192,7 +219,7 @@ class Placer:
 
     def _pass_fair(self, now, log) -> None:
         cfg = self.cfg
-        heap = [self._heap_key(d, q[0]) for d, q in self.queues.items() if q]
+        heap = [self._heap_key(d, q[0], now) for d, q in self.queues.items() if q]
         heapq.heapify(heap)
         tries = 0
         while heap and tries < cfg.scan_limit:
@@ -207,12 +234,13 @@ class Placer:
                     placed = True
                     break
             if placed and q:
-                heapq.heappush(heap, self._heap_key(d, q[0]))
+                heapq.heappush(heap, self._heap_key(d, q[0], now))
             elif not placed and not cfg.backfill:
                 break
 
-    def _heap_key(self, d: str, head: Job) -> tuple:
-        return (-head.priority, self.share[d] / self.weights.get(d, 1.0), head.submitted, d)
+    def _heap_key(self, d: str, head: Job, now: float) -> tuple:
+        aged = self.cfg.age_after_s is not None and now - self.waiting_since[head.id] >= self.cfg.age_after_s
+        return (-(head.priority + aged), self.share[d] / self.weights.get(d, 1.0), head.submitted, d)
 
     def _attempt(self, job: Job, now: float, head: bool, log: list) -> bool:
         """Start `job` if it fits; if it is a head that has waited, pre-empt or reserve for it."""
@@ -229,64 +257,115 @@ class Placer:
         if not head:
             return False
         waited = now - self.waiting_since[job.id]
-        if self.cfg.preempt and waited >= self.cfg.preempt_after_s and self._preempt_for(job, now, log):
+        if self.cfg.preempt and self._preempt_for(job, now, log):
             return True
         if (self.cfg.reserve_after_s is not None and waited >= self.cfg.reserve_after_s and not own
                 and len(self.reserved) < self.cfg.max_reservations):
             self._reserve(job)
         return False
 
-    def _victims(self, priority: int) -> tuple[dict, dict, tuple]:
-        """Running pre-emptible jobs below `priority`, what evicting them all frees per node, and
-        the rack summaries of that view."""
+    def _candidates(self, runs: dict) -> tuple[dict, dict, tuple, tuple]:
+        """`runs`, what evicting them all frees per node, that view's rack summaries, the total."""
+        bonus: dict[int, list[int]] = {}
+        for jid in runs:
+            for i, u in self.c.holdings[jid]:
+                b = bonus.setdefault(i, [0, 0, 0])
+                for k in range(3):
+                    b[k] += u[k]
+        view = FreeView(self.c, bonus)
+        total = tuple(sum(b[k] for b in bonus.values()) for k in range(3))
+        return runs, bonus, (view.rack_max, view.rack_free), total
+
+    def _victims(self, priority: int) -> tuple:
+        """Running evictable jobs of priorities below `priority` (cached until resources change)."""
         if priority not in self._bonus:
-            lower = {jid: r for p, runs in self.by_priority.items() if preempts(priority, p) for jid, r in runs.items()}
-            bonus: dict[int, list[int]] = {}
-            for jid in lower:
-                for i, u in self.c.holdings[jid]:
-                    b = bonus.setdefault(i, [0, 0, 0])
-                    for k in range(3):
-                        b[k] += u[k]
-            view = FreeView(self.c, bonus)
-            self._bonus[priority] = (lower, bonus, (view.rack_max, view.rack_free))
+            self._bonus[priority] = self._candidates(
+                {jid: r for p, runs in self.by_priority.items() if preempts(priority, p) for jid, r in runs.items()})
         return self._bonus[priority]
 
+    def _ratio_after(self, job: Job) -> float:
+        return (self.share[job.domain] + self.charge(job)) / self.weights.get(job.domain, 1.0)
+
+    def _over_share(self, job: Job) -> tuple:
+        """Running evictable jobs of `job`'s priority whose domains hold more per weight than
+        `job`'s domain would after starting it. A victim is taken only while its domain still
+        holds at least that much after losing it, so two domains never evict each other back
+        and forth."""
+        bar = self._ratio_after(job)
+        runs = {jid: r for jid, r in self.by_priority.get(job.priority, {}).items()
+                if r.job.domain != job.domain and self.share[r.job.domain] / self.weights.get(r.job.domain, 1.0) > bar}
+        return self._candidates(runs)
+
     def _preempt_for(self, job: Job, now: float, log: list) -> bool:
-        c = self.c
-        evictable = [sum(h[k] for p, h in self.held_by_priority.items() if preempts(job.priority, p)) for k in range(3)]
-        if self._preempt_left <= 0 or any(t > f + e for t, f, e in zip(job.total, c.free_total, evictable)):
+        """Evict for `job`: strictly lower priorities after `preempt_after_s`; with
+        `fair_preempt_after_s`, over-share domains of its own priority after that long."""
+        cfg, waited = self.cfg, now - self.waiting_since[job.id]
+        if self._preempt_left <= 0:
             return False
-        key = (tuple(sorted(job.needs)), job.checkpoint_gb >= self.cfg.colocate_gb, job.priority)
+        if waited >= cfg.preempt_after_s and self._evict_for(job, now, log, "priority"):
+            return True
+        return cfg.fair_preempt_after_s is not None and waited >= cfg.fair_preempt_after_s and self._evict_for(job, now, log, "share")
+
+    def _evict_for(self, job: Job, now: float, log: list, mode: str) -> bool:
+        c = self.c
+        key = (mode, tuple(sorted(job.needs)), job.checkpoint_gb >= self.cfg.colocate_gb, job.priority,
+               round(self._ratio_after(job), 9) if mode == "share" else None)
         own = self.reserved.get(job.id, set())
         if key in self._failed_preempt and not own:
             return False
-        self._preempt_left -= 1
-        lower, bonus, summaries = self._victims(job.priority)
-        view = FreeView(c, bonus, self.node_reserved.keys() - own, summaries)
-        nodes = self.policy(view, job, self.cfg) if lower else None
-        if nodes is None:
+        runs, bonus, summaries, total = self._victims(job.priority) if mode == "priority" else self._over_share(job)
+        nodes = None
+        if runs and all(t <= f + e for t, f, e in zip(job.total, c.free_total, total)):
+            self._preempt_left -= 1
+            nodes = self.policy(FreeView(c, bonus, self.node_reserved.keys() - own, summaries), job, self.cfg)
+        chosen = self._plan_victims(job, nodes, runs, now, mode) if nodes is not None else None
+        if chosen is None:
             if not own:
                 self._failed_preempt.add(key)
             return False
-        lower = dict(lower)
-        need: dict[int, list[int]] = {}
+        for victim in chosen:
+            self.release(victim.job.id)
+            self._requeue(victim.job, now)
+            self.preemptions += 1
+            self.evictions[victim.job.id] += 1
+            log.append(("preempt", victim))
+        log.append(("start", self._start(job, nodes, now)))
+        return True
+
+    def _plan_victims(self, job: Job, nodes: list[int], runs: dict, now: float, mode: str) -> list[Running] | None:
+        """The victims that make `job` fit on `nodes`, chosen node by node (lowest priority, or
+        most over-share domain, first; then the least work lost); None if they do not suffice.
+        Nothing is evicted here."""
+        c, need, freed = self.c, {}, defaultdict(lambda: [0, 0, 0])
         for i, u in zip(nodes, job.needs):
             acc = need.setdefault(i, [0, 0, 0])
             for k in range(3):
                 acc[k] += u[k]
+        share = dict(self.share)
+        bar = self._ratio_after(job)
+        weight = lambda d: self.weights.get(d, 1.0)
+        chosen: dict[str, Running] = {}
         for i, u in need.items():
-            # lowest priority first, then the least work lost (held share x time since it started)
-            victims = sorted((lower[jid] for jid in c.node_jobs[i] if jid in lower),
-                             key=lambda r: (r.job.priority, self.dominant(r.job) * (now - r.started), r.job.id))
-            while not c.fits(i, u):
-                victim = victims.pop(0)
-                del lower[victim.job.id]
-                self.release(victim.job.id)
-                self._requeue(victim.job, now)
-                self.preemptions += 1
-                log.append(("preempt", victim))
-        log.append(("start", self._start(job, nodes, now)))
-        return True
+            order = sorted((runs[jid] for jid in c.node_jobs[i] if jid in runs and jid not in chosen),
+                           key=lambda r: ((r.job.priority,) if mode == "priority" else (-share[r.job.domain] / weight(r.job.domain),))
+                           + (self._loss(r, now), r.job.id))
+            while any(c.free[i][k] + freed[i][k] < u[k] for k in range(3)):
+                victim = next((r for r in order if r.job.id not in chosen and (
+                    mode == "priority" or (share[r.job.domain] - self.charge(r.job)) / weight(r.job.domain) >= bar - 1e-12)), None)
+                if victim is None:
+                    return None
+                chosen[victim.job.id] = victim
+                share[victim.job.domain] -= self.charge(victim.job)
+                for j, held in c.holdings[victim.job.id]:
+                    for k in range(3):
+                        freed[j][k] += held[k]
+        return list(chosen.values())
+
+    def _loss(self, run: Running, now: float) -> float:
+        """What evicting `run` now throws away: its share x the time since it last saved."""
+        every = run.job.checkpoint_every_s
+        since = now - run.started
+        return self.dominant(run.job) * (since % every if every else since)
 
     def _reserve(self, job: Job) -> None:
         """Drain, for `job`, the nodes with the most free now that could hold its units."""

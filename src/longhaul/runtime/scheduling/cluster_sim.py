@@ -1,0 +1,306 @@
+"""Discrete-event simulation of a cluster running a workload through a `Placer`.
+
+Events are arrivals and finishes; every `TICK_S` seconds that saw one, and every tick while
+jobs wait, the placer makes one pass (real schedulers batch their decisions too; the same for
+every policy). A job
+that starts first loads its checkpoint on each GPU unit (from the node's own cache at
+`LOCAL_GBPS`, from a node of the same rack at `RACK_GBPS`, else from shared storage at
+`REMOTE_GBPS`), then works; a gang whose checkpoint-loading units span r racks works
+`1 + alpha * (r - 1)` times slower (alpha `CROSS_RACK_LARGE` for checkpoints >= 32 GB, else
+`CROSS_RACK_SMALL`: weight sync and gradient traffic cross the spine). A pre-empted job keeps the
+work saved at its checkpoint cadence and loses the rest.
+
+Measured over [warm-up, end]:
+- utilisation: time-averaged allocated fraction of GPUs and CPUs; goodput: GPU time spent
+  working (not loading, not lost to pre-emption) over GPU capacity;
+- queueing delay of each job that arrived in the window: all its time waiting (after
+  pre-emptions too); a job still waiting at the end counts with its wait so far (censored);
+- fairness error per window of `FAIRNESS_HOURS` (and per hour, `fairness_error_1h`): with u_d
+  a domain's GPU-share-seconds and q_d its queued GPU demand (share x seconds waiting), the
+  entitlement t_d is the weighted water-fill (max-min fair by weight) of what its
+  priority class used over the class's demands u_d + q_d; error = sum|u_d - t_d| / sum(u),
+  averaged over windows weighted by sum(u). It is 0 when nothing waits and measures how far
+  shares were from the weights whenever domains competed; sum|u - t| / sum(u) is the
+  entitlement-weighted mean relative deviation. `..._across_priorities` also entitles classes
+  in priority order first; `..._dominant` measures dominant shares instead of GPU shares (it
+  counts CPU-heavy domains using idle CPUs as unfair, so it overstates the error when CPUs are
+  not the bottleneck);
+- pre-emptions and the GPU-hours they lost.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from longhaul.runtime.scheduling.cluster import Cluster
+from longhaul.runtime.scheduling.placer import Placer, PlacerConfig, Running
+from longhaul.runtime.scheduling.workload import DomainSpec, SimJob
+
+LOCAL_GBPS, RACK_GBPS, REMOTE_GBPS = 20.0, 10.0, 2.0
+CROSS_RACK_LARGE, CROSS_RACK_SMALL = 0.10, 0.02
+HOUR = 3600.0
+TICK_S = 10.0  # seconds between placer passes (0: a pass after every event instant)
+FAIRNESS_HOURS = 6  # fairness is judged over windows this long (jobs run up to a day; one gang can exceed a domain's hourly entitlement)
+
+
+def water_fill(capacity: float, demand: dict[str, float], weight: dict[str, float]) -> dict[str, float]:
+    """Weighted max-min fair split of `capacity`: nobody gets more than it demands, the rest is
+    shared in proportion to weight among those still wanting more."""
+    out = {d: 0.0 for d in demand}
+    active = {d for d, v in demand.items() if v > 0}
+    left = capacity
+    while active and left > 1e-12:
+        w = sum(weight[d] for d in active)
+        done = {d for d in active if demand[d] - out[d] <= left * weight[d] / w}
+        if not done:
+            for d in active:
+                out[d] += left * weight[d] / w
+            return out
+        for d in done:
+            left -= demand[d] - out[d]
+            out[d] = demand[d]
+        active -= done
+    return out
+
+
+def entitlement(capacity: float, demand: dict[str, float], weight: dict[str, float], priority: dict[str, int]) -> dict[str, float]:
+    """Priorities first (each class gets what it demands while capacity lasts), weights within."""
+    out, left = {}, capacity
+    for p in sorted({priority[d] for d in demand}, reverse=True):
+        cls = {d: v for d, v in demand.items() if priority[d] == p}
+        got = water_fill(min(left, sum(cls.values())), cls, weight)
+        out.update(got)
+        left -= sum(got.values())
+    return out
+
+
+@dataclass
+class _Ledger:
+    """Per-domain integrals of one share measure (held x time, queued x time), split into hours."""
+    held: dict = field(default_factory=lambda: defaultdict(float))  # domain -> share held now
+    queued: dict = field(default_factory=lambda: defaultdict(float))  # domain -> share its waiting jobs ask for
+    since: dict = field(default_factory=dict)  # domain -> time of the last integration
+    used: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))  # hour -> domain -> share-seconds
+    wanted: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))  # hour -> domain -> share-seconds
+
+    def advance(self, d: str, now: float) -> None:
+        t = self.since.get(d, now)
+        h, q = self.held[d], self.queued[d]
+        while t < now and (h > 0 or q > 0):
+            hour = int(t // HOUR)
+            end = min(now, (hour + 1) * HOUR)
+            self.used[hour][d] += h * (end - t)
+            self.wanted[hour][d] += q * (end - t)
+            t = end
+        self.since[d] = now
+
+    def change(self, d: str, now: float, held: float = 0.0, queued: float = 0.0) -> None:
+        self.advance(d, now)
+        self.held[d] = max(0.0, self.held[d] + held)
+        self.queued[d] = max(0.0, self.queued[d] + queued)
+
+
+def _slowdown(run: Running, cluster: Cluster) -> float:
+    racks = {cluster.rack_of[i] for u, i in zip(run.job.units, run.nodes) if u.loads_checkpoint}
+    alpha = CROSS_RACK_LARGE if run.job.checkpoint_gb >= 32 else CROSS_RACK_SMALL
+    return 1.0 + alpha * max(0, len(racks) - 1)
+
+
+def _load_s(run: Running) -> float:
+    speed = {"local": LOCAL_GBPS, "rack": RACK_GBPS, "remote": REMOTE_GBPS}
+    return max((run.job.checkpoint_gb / speed[src] for src in run.load_from if src), default=0.0)
+
+
+class Simulation:
+    def __init__(self, nodes, domains: list[DomainSpec], jobs: list[SimJob], cfg: PlacerConfig, warmup_s: float, end_s: float,
+                 tick_s: float = TICK_S):
+        self.cluster = Cluster(nodes)
+        self.placer = Placer(self.cluster, cfg, {d.name: d.weight for d in domains})
+        self.domains, self.jobs = domains, {j.job.id: j for j in jobs}
+        self.arrivals = sorted(jobs, key=lambda j: (j.arrival, j.job.id))
+        self.warmup, self.end, self.tick = warmup_s, end_s, tick_s
+        self.remaining = {j.job.id: j.work_s for j in jobs}
+        self.events: list = []  # (time, seq, job id, run token)
+        self.token: dict[str, int] = {}
+        self.seq = 0
+        self.started_at: dict[str, tuple[float, float, float]] = {}  # job -> (start, load s, slowdown)
+        self.wait: dict[str, float] = defaultdict(float)
+        self.queued_since: dict[str, float] = {}
+        self.ledgers = {"gpu": _Ledger(), "dominant": _Ledger()}  # fairness measured on GPU shares, and on dominant shares
+        self.gpu_alloc_s = self.cpu_alloc_s = self.goodput_gpu_s = self.lost_gpu_s = 0.0
+        self.preemptions = self.finished = 0
+        self.gpu_hourly: dict[int, float] = defaultdict(float)  # hour -> allocated GPU fraction (time-averaged)
+        self.clock = 0.0
+
+    def _in_window(self, a: float, b: float) -> float:
+        return max(0.0, min(b, self.end) - max(a, self.warmup))
+
+    def _account(self, now: float) -> None:
+        """Allocated GPU and CPU time since the last event (the cluster holds still in between)."""
+        dt = self._in_window(self.clock, now)
+        if dt:
+            cpu, _, gpu = self.cluster.used_fraction()
+            self.gpu_alloc_s += gpu * dt
+            self.cpu_alloc_s += cpu * dt
+            t = max(self.clock, self.warmup)
+            while t < min(now, self.end):
+                end = min(now, self.end, (int(t // HOUR) + 1) * HOUR)
+                self.gpu_hourly[int(t // HOUR)] += gpu * (end - t) / HOUR
+                t = end
+        self.clock = now
+
+    def _shares(self, job) -> dict:
+        return {"gpu": job.total[2] / self.cluster.total[2], "dominant": self.placer.dominant(job)}
+
+    def _on_start(self, run: Running, now: float) -> None:
+        jid = run.job.id
+        load, slow = _load_s(run), _slowdown(run, self.cluster)
+        self.started_at[jid] = (now, load, slow)
+        self.wait[jid] += now - self.queued_since.pop(jid)
+        self.token[jid] = self.token.get(jid, 0) + 1
+        self.seq += 1
+        heapq.heappush(self.events, (now + load + self.remaining[jid] * slow, self.seq, jid, self.token[jid]))
+        for m, share in self._shares(run.job).items():
+            self.ledgers[m].change(run.job.domain, now, held=share, queued=-share)
+
+    def _on_stop(self, run: Running, now: float, preempted: bool) -> None:
+        jid = run.job.id
+        start, load, slow = self.started_at.pop(jid)
+        gpus = sum(u.needs.gpus for u in run.job.units)
+        worked = max(0.0, now - start - load) / slow  # nominal work seconds done
+        frac = self._in_window(start, now) / max(now - start, 1e-9)  # the part of this run inside the window
+        if preempted:
+            every = run.job.checkpoint_every_s
+            saved = math.floor(worked / every) * every if every else 0.0
+            self.remaining[jid] -= saved
+            self.lost_gpu_s += gpus * (worked - saved) * frac
+            worked = saved
+            self.queued_since[jid] = now
+            if self.warmup <= now <= self.end:
+                self.preemptions += 1
+        else:
+            self.finished += 1
+        self.goodput_gpu_s += gpus * worked * frac
+        for m, share in self._shares(run.job).items():
+            self.ledgers[m].change(run.job.domain, now, held=-share, queued=share if preempted else 0.0)
+
+    def _next_time(self, k: int) -> float:
+        t_arr = self.arrivals[k].arrival if k < len(self.arrivals) else math.inf
+        return min(t_arr, self.events[0][0] if self.events else math.inf)
+
+    def run(self, progress=None) -> dict:
+        """Replay the workload; the placer makes one pass at each tick that saw an event."""
+        k, last = 0, -math.inf
+        while k < len(self.arrivals) or self.events or self.placer.queued():
+            first = self._next_time(k)
+            now = math.ceil(first / self.tick) * self.tick if self.tick else first
+            if self.tick and self.placer.queued():  # waiting jobs: a pass every tick (grace periods run out between events)
+                now = min(now, last + self.tick)
+            if now > self.end or now == math.inf:
+                break
+            last = now
+            while (t := self._next_time(k)) <= now:  # every arrival and finish up to this pass, in time order
+                self._account(t)
+                if k < len(self.arrivals) and self.arrivals[k].arrival == t:
+                    sj = self.arrivals[k]
+                    self.placer.submit(sj.job, t)
+                    self.queued_since[sj.job.id] = t
+                    for m, share in self._shares(sj.job).items():
+                        self.ledgers[m].change(sj.job.domain, t, queued=share)
+                    k += 1
+                else:
+                    _, _, jid, tok = heapq.heappop(self.events)
+                    if self.token.get(jid) == tok and jid in self.placer.running:
+                        self._on_stop(self.placer.release(jid), t, preempted=False)
+            self._account(now)
+            for what, run in self.placer.schedule(now):
+                if what == "start":
+                    self._on_start(run, now)
+                else:
+                    self._on_stop(run, now, preempted=True)
+            if progress is not None:
+                progress(now)
+        self._account(self.end)
+        for jid, run in self.placer.running.items():  # work done so far by jobs still running at the end
+            start, load, slow = self.started_at[jid]
+            frac = self._in_window(start, self.end) / max(self.end - start, 1e-9)
+            self.goodput_gpu_s += sum(u.needs.gpus for u in run.job.units) * max(0.0, self.end - start - load) / slow * frac
+        return self.report()
+
+    def _delays(self) -> dict[int | None, list[float]]:
+        """Sorted waits of the jobs that arrived in the window, all (key None) and by priority."""
+        out: dict = defaultdict(list)
+        for jid, sj in self.jobs.items():
+            if not (self.warmup <= sj.arrival <= self.end):
+                continue
+            waiting = self.end - self.queued_since[jid] if jid in self.queued_since else 0.0
+            out[None].append(self.wait[jid] + waiting)
+            out[sj.job.priority].append(self.wait[jid] + waiting)
+        return {k: sorted(v) for k, v in out.items()}
+
+    def _fairness(self, hours: int, across_priorities: bool = False, measure: str = "gpu") -> tuple[float, float, list[float]]:
+        """(mean error weighted by use, worst window, per-window errors) over windows of `hours`.
+        Within priorities (the placer's rule: weights share a priority class), each class's used
+        capacity is split by weight over its own demands; across priorities, classes are
+        entitled in priority order first."""
+        ledger = self.ledgers[measure]
+        for d in list(ledger.held):
+            ledger.advance(d, self.end)
+        weight = {d.name: d.weight for d in self.domains}
+        prio = {d.name: d.priority for d in self.domains}
+        first, last = int(self.warmup // HOUR), int(math.ceil(self.end / HOUR))
+        errors, total_used, per_window = 0.0, 0.0, []
+        for start in range(first, last, hours):
+            used, wanted = defaultdict(float), defaultdict(float)
+            for hour in range(start, min(start + hours, last)):
+                for d, v in ledger.used[hour].items():
+                    used[d] += v
+                for d, v in ledger.wanted[hour].items():
+                    wanted[d] += v
+            cap = sum(used.values())
+            if cap <= 0:
+                continue
+            demand = {d: used[d] + wanted[d] for d in set(used) | set(wanted)}
+            if across_priorities:
+                target = entitlement(cap, demand, weight, prio)
+            else:
+                target = {}
+                for p in {prio[d] for d in demand}:
+                    cls = {d: v for d, v in demand.items() if prio[d] == p}
+                    target.update(water_fill(sum(used[d] for d in cls), cls, weight))
+            err = sum(abs(used[d] - target[d]) for d in demand) / cap
+            per_window.append(err)
+            errors += err * cap
+            total_used += cap
+        return errors / max(total_used, 1e-12), max(per_window, default=0.0), per_window
+
+    def report(self) -> dict:
+        window = self.end - self.warmup
+        cap_gpu = self.cluster.total[2]
+        by = self._delays()
+        delays = by.get(None, [])
+        pct = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+        fair, fair_max, _ = self._fairness(FAIRNESS_HOURS)
+        fair_p, fair_p_max, _ = self._fairness(FAIRNESS_HOURS, across_priorities=True)
+        fair_1h, fair_1h_max, hourly = self._fairness(1)
+        fair_dom, _, _ = self._fairness(FAIRNESS_HOURS, measure="dominant")
+        hours = range(int(self.warmup // HOUR), int(math.ceil(self.end / HOUR)))
+        return {"gpu_utilisation": self.gpu_alloc_s / window, "cpu_utilisation": self.cpu_alloc_s / window,
+                "gpu_goodput": self.goodput_gpu_s / (cap_gpu * window), "delay_p50_s": pct(delays, 0.50),
+                "delay_p90_s": pct(delays, 0.90), "delay_p99_s": pct(delays, 0.99), "delay_mean_s": sum(delays) / max(len(delays), 1),
+                "delay_p99_by_priority_s": {str(p): pct(v, 0.99) for p, v in sorted((k, v) for k, v in by.items() if k is not None)},
+                "delay_quantiles_s": [pct(delays, q / 100) for q in range(101)],
+                "fairness_error": fair, "fairness_error_worst_window": fair_max, "fairness_window_hours": FAIRNESS_HOURS,
+                "fairness_error_1h": fair_1h, "fairness_error_1h_worst": fair_1h_max, "fairness_hourly": hourly,
+                "fairness_error_across_priorities": fair_p, "fairness_error_across_priorities_worst_window": fair_p_max,
+                "fairness_error_dominant": fair_dom,
+                "gpu_utilisation_hourly": [self.gpu_hourly.get(h, 0.0) for h in hours],
+                "preemptions": self.preemptions, "preempted_gpu_hours_lost": self.lost_gpu_s / HOUR, "jobs_in_window": len(delays),
+                "jobs_finished": self.finished, "jobs_waiting_at_end": self.placer.queued()}
+
+
+def simulate(nodes, domains, jobs, cfg: PlacerConfig, warmup_s: float, end_s: float, progress=None, tick_s: float = TICK_S) -> dict:
+    return Simulation(nodes, domains, jobs, cfg, warmup_s, end_s, tick_s).run(progress)

@@ -1,0 +1,104 @@
+"""The cluster simulator: exact figures on hand-made workloads, the fairness reference, sanity
+and determinism of the synthetic workload for a seed."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from longhaul.runtime.scheduling.cluster import Node, Resources
+from longhaul.runtime.scheduling.cluster_sim import REMOTE_GBPS, Simulation, entitlement, simulate, water_fill
+from longhaul.runtime.scheduling.placement import Job, WorkUnit
+from longhaul.runtime.scheduling.placer import PRESETS
+from longhaul.runtime.scheduling.workload import DomainSpec, SimJob, WorkloadSpec, make_workload
+
+NODE = Resources(cpus=16, mem_gb=64, gpus=8)
+
+
+def _domain(name: str, weight: float = 1.0, priority: int = 0) -> DomainSpec:
+    return DomainSpec(name, weight, priority, 1.0, 0.0, 8, 1.0)
+
+
+def _sim_job(jid: str, at: float, work: float, gpus: int = 8, domain: str = "a", priority: int = 0, ckpt: float = 0.0) -> SimJob:
+    job = Job(jid, domain, (WorkUnit("rollout", Resources(cpus=1, mem_gb=1, gpus=gpus)),), priority, ckpt, f"{domain}/w", True, at)
+    return SimJob(job, at, work, "rollout")
+
+
+def test_one_job_gives_exact_figures():
+    jobs = [_sim_job("j", 0.0, 100.0, gpus=2, ckpt=20.0)]
+    sim = Simulation([Node("n", NODE, "r")], [_domain("a")], jobs, PRESETS["longhaul"], 0.0, 1000.0)
+    r = sim.run()
+    load = 20.0 / REMOTE_GBPS  # nothing cached anywhere yet
+    assert r["gpu_utilisation"] == pytest.approx(2 * (100.0 + load) / (8 * 1000.0))
+    assert r["gpu_goodput"] == pytest.approx(2 * 100.0 / (8 * 1000.0))
+    assert r["delay_p99_s"] == 0.0 and r["jobs_finished"] == 1 and r["fairness_error"] == 0.0
+
+
+def test_a_second_whole_node_job_waits_for_the_first():
+    jobs = [_sim_job("a", 0.0, 100.0), _sim_job("b", 5.0, 50.0)]
+    r = simulate([Node("n", NODE, "r")], [_domain("a")], jobs, PRESETS["fifo"], 0.0, 1000.0, tick_s=10.0)
+    # a runs [0, 100]; b arrives at 5, and the pass at the tick of a's finish (100) starts it
+    assert r["delay_quantiles_s"][0] == 0.0 and r["delay_quantiles_s"][100] == pytest.approx(95.0)
+    assert r["gpu_utilisation"] == pytest.approx(150.0 / 1000.0) and r["jobs_finished"] == 2
+
+
+def test_preemption_loses_work_since_the_last_checkpoint():
+    jobs = [_sim_job("low", 0.0, 1000.0, priority=0), _sim_job("high", 50.0, 100.0, domain="b", priority=1)]
+    cfg = PRESETS["longhaul"].model_copy(update={"preempt_after_s": 60.0})
+    r = simulate([Node("n", NODE, "r")], [_domain("a"), _domain("b", priority=1)], jobs, cfg, 0.0, 2000.0, tick_s=10.0)
+    # high waits 60 s (t=110), low loses its 110 s (rollouts save every 300 s), high runs [110, 210], low restarts
+    assert r["preemptions"] == 1
+    assert r["preempted_gpu_hours_lost"] == pytest.approx(8 * 110.0 / 3600)
+    assert r["delay_p99_by_priority_s"] == {"0": pytest.approx(100.0), "1": pytest.approx(60.0)}
+    assert r["jobs_finished"] == 2 and r["gpu_goodput"] == pytest.approx(8 * 1100.0 / (8 * 2000.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(cap=st.floats(0, 100), demand=st.lists(st.floats(0, 50), min_size=1, max_size=8), weights=st.data())
+def test_water_fill_is_weighted_max_min_fair(cap, demand, weights):
+    names = [f"d{i}" for i in range(len(demand))]
+    w = {n: weights.draw(st.floats(0.1, 10)) for n in names}
+    d = dict(zip(names, demand))
+    got = water_fill(cap, d, w)
+    assert sum(got.values()) == pytest.approx(min(cap, sum(demand)), abs=1e-6)
+    assert all(-1e-9 <= got[n] <= d[n] + 1e-9 for n in names)
+    short = [n for n in names if got[n] < d[n] - 1e-6]  # not fully served: they share the same level per weight
+    if short:
+        level = got[short[0]] / w[short[0]]
+        assert all(got[n] / w[n] == pytest.approx(level, rel=1e-6) for n in short)
+        assert all(got[n] / w[n] <= level + 1e-6 for n in names)
+
+
+def test_entitlement_serves_priorities_first():
+    got = entitlement(10.0, {"hi": 4.0, "a": 10.0, "b": 10.0}, {"hi": 1.0, "a": 1.0, "b": 2.0}, {"hi": 1, "a": 0, "b": 0})
+    assert got == pytest.approx({"hi": 4.0, "a": 2.0, "b": 4.0})
+
+
+@pytest.fixture(scope="module")
+def small():
+    spec = WorkloadSpec(nodes=60, racks=3, domains=20, hours=6.0, warmup_hours=1.0, seed=3)
+    return spec, make_workload(spec)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_synthetic_workload_is_sane_and_deterministic(small, preset):
+    spec, (nodes, domains, jobs) = small
+    assert len(nodes) == 60 and len({n.rack for n in nodes}) == 3 and len(domains) == 20 and len(jobs) > 100
+    sim = Simulation(nodes, domains, jobs, PRESETS[preset], spec.warmup_hours * 3600, spec.hours * 3600)
+    r = sim.run(progress=lambda now: sim.cluster.check())  # the books balance after every pass
+    again = simulate(nodes, domains, jobs, PRESETS[preset], spec.warmup_hours * 3600, spec.hours * 3600)
+    assert r == again
+    assert 0.0 < r["gpu_goodput"] <= r["gpu_utilisation"] <= 1.0 and 0.0 < r["cpu_utilisation"] <= 1.0
+    assert r["delay_quantiles_s"] == sorted(r["delay_quantiles_s"]) and r["delay_quantiles_s"][0] >= 0.0
+    assert 0.0 <= r["fairness_error"] <= 2.0 and len(r["gpu_utilisation_hourly"]) == 5
+    arrived = sum(1 for j in jobs if j.arrival <= spec.hours * 3600)
+    assert r["jobs_finished"] + len(sim.placer.running) + sim.placer.queued() == arrived  # no job lost
+    if preset != "longhaul":
+        assert r["preemptions"] == 0
+
+
+def test_workload_is_a_function_of_its_seed():
+    a = make_workload(WorkloadSpec(nodes=40, racks=2, domains=10, hours=2.0, seed=1))
+    b = make_workload(WorkloadSpec(nodes=40, racks=2, domains=10, hours=2.0, seed=1))
+    c = make_workload(WorkloadSpec(nodes=40, racks=2, domains=10, hours=2.0, seed=2))
+    key = lambda w: [(j.job.id, j.arrival, j.work_s, j.job.domain, len(j.job.units)) for j in w[2]]
+    assert key(a) == key(b) and key(a) != key(c)
