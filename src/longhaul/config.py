@@ -155,6 +155,8 @@ class RuntimeConfig(Section):
     buffer_order: Literal["fifo", "recency", "priority"] = "fifo"  # fifo trains each step on its own request (deterministic)
     request_timeout_s: float = Field(1800.0, gt=0)  # a request running longer (a hung episode) is killed and requeued
     max_retries: int = Field(2, ge=0)  # requeues of one request before its episodes count as infra errors
+    # requests one worker runs at once, sharing its engine's batches; None: 1 + max_staleness (async), 1 (sync)
+    worker_inflight: int | None = Field(None, ge=1)
     trainers: int = Field(1, ge=1)  # data-parallel trainer processes (torch.distributed: gloo on CPU, NCCL on GPU)
     address: str | None = None  # ray: "auto" joins a running cluster (`ray start --head`); None starts a local one
     worker_cpus: float = Field(1.0, gt=0)  # ray: CPUs a rollout actor asks for

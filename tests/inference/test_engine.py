@@ -244,3 +244,30 @@ def test_untied_head_and_all_llama_biases_match_hf():
     assert (got - ref).abs().max().item() < 1e-4, f"max diff {(got - ref).abs().max().item()}"
     out = eng.generate([ids], greedy(10))[0]
     assert out.token_ids == hf_greedy(model, ids, 10) and out.text == ""  # no tokenizer: token ids only
+
+
+def test_threads_generating_at_once_share_batches_and_get_their_own_outputs():
+    """Two threads call generate() concurrently: their requests run in the same steps, and each
+    gets exactly what it would alone (seeded sampling, fp32)."""
+    import threading
+
+    from longhaul.inference import LLMEngine
+    from longhaul.inference.sampling import SamplingParams as P
+    from longhaul.models import load_policy
+
+    model, tok = load_policy("tiny-llama")
+    prompts = [[5 + i, 17, 30 + 2 * i, 41] for i in range(6)]
+    params = [P(max_tokens=24, temperature=1.0, seed=100 + i) for i in range(6)]
+    alone = [LLMEngine(model=model, tokenizer=tok).generate(prompts[i:i + 3], params[i:i + 3]) for i in (0, 3)]
+    engine = LLMEngine(model=model, tokenizer=tok)
+    got = {}
+    ths = [threading.Thread(target=lambda k=k: got.__setitem__(k, engine.generate(prompts[3 * k:3 * k + 3], params[3 * k:3 * k + 3])))
+           for k in (0, 1)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    for k in (0, 1):
+        assert [o.token_ids for o in got[k]] == [o.token_ids for o in alone[k]]
+        assert max(abs(a - b) for o, r in zip(got[k], alone[k]) for a, b in zip(o.logprobs, r.logprobs)) < 1e-4
+    assert not engine.requests and not engine.has_unfinished_requests()

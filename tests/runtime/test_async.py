@@ -126,7 +126,7 @@ def test_a_killed_process_worker_loses_no_request(tmp_path):
         deadline = time.monotonic() + 600
         while len(got) < 3 and time.monotonic() < deadline:
             if not killed and pool._running:
-                (wid, _), = pool._running.items()
+                wid = next(iter(pool._running.values()))[0]
                 os.kill(pool.pids[wid], signal.SIGKILL)
                 killed = True
             for res in pool.poll(timeout=0.5):
@@ -185,3 +185,33 @@ def test_two_data_parallel_trainers_train_like_one(tmp_path):
     assert worst < 1e-5, f"max parameter difference {worst:.3g}"
     ra, rb = _rows(tmp_path / "one" / "tiny_grpo"), _rows(tmp_path / "two" / "tiny_grpo")
     assert [r["reward"] for r in ra] == pytest.approx([r["reward"] for r in rb], abs=1e-6)
+
+
+def test_a_worker_runs_admitted_requests_side_by_side_on_one_engine(tmp_path):
+    """With worker_inflight 2 a single process worker serves two requests at once (their
+    generation shares the engine's batches); results still come back whole and in order of uid."""
+    import time
+
+    from longhaul.models import load_policy
+    from longhaul.runtime.local import ProcessRollouts
+    from longhaul.runtime.rollout import RolloutRequest, build_family
+
+    cfg = load_config(EXAMPLE, ["runtime.mode=async", "runtime.worker_threads=1", "runtime.worker_inflight=2",
+                                "rollout.max_new_tokens=48"])
+    policy, tok = load_policy("tiny-llama")
+    family = build_family(cfg)
+    tasks = family.make_split("train", 4, 1, None)
+    pool = ProcessRollouts(cfg, family, tok, policy, tmp_path)
+    try:
+        pool.start()
+        for i in range(2):
+            pool.submit(RolloutRequest(i + 1, 0, tasks[2 * i:2 * i + 2], seed=i, min_version=0))
+        got, deadline = {}, time.monotonic() + 300
+        while len(got) < 2 and time.monotonic() < deadline:
+            for res in pool.poll(timeout=0.5):
+                got[res.uid] = res
+        a, b = got["1.0"], got["2.0"]
+        assert a.started < b.finished and b.started < a.finished, "the two requests ran at the same time"
+        assert all(len(r.groups) == 2 and len(r.groups[0]) == cfg.rollout.group_size for r in (a, b))
+    finally:
+        pool.close()

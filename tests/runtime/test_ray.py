@@ -55,7 +55,7 @@ def test_tiny_grpo_on_a_ray_cluster_survives_a_killed_rollout_actor(tmp_path, ra
         while time.monotonic() < deadline:
             if pools and pools[0]._running:  # a request is in flight on the actor: kill its process
                 pids = pools[0].actor_pids()
-                wid = next(iter(pools[0]._running))
+                wid = next(iter(pools[0]._running.values()))[0]
                 if wid in pids:
                     os.kill(pids[wid], signal.SIGKILL)
                     killed["pid"] = pids[wid]

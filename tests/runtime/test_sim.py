@@ -20,7 +20,7 @@ def test_sync_is_the_sum_of_its_phases():
 
 def test_async_overlaps_generation_with_training_within_the_bound():
     # gen 8 s, train 16 s: with staleness 1 the trainer never waits after the first step
-    out = simulate(_costs(), Workload(steps=4, groups=2, group_size=4, mode="async", max_staleness=1))
+    out = simulate(_costs(), Workload(steps=4, groups=2, group_size=4, mode="async", max_staleness=1, inflight=1))
     assert out.wall_s == pytest.approx(8 + 4 * 16)
     assert max(out.staleness) <= 1
     # staleness 0 is sync
@@ -33,7 +33,7 @@ def test_processor_sharing_on_shared_cores():
     # (16 s of work) and gen 2 (8 s) together: gen ends at 16 s (train did 8 of 16), train ends 8 s later
     # alone; train 2 then runs alone 16 s.
     c = _costs(shared_cpu=True, gen_shared=0.5, train_shared=0.5)
-    out = simulate(c, Workload(steps=2, groups=2, group_size=4, mode="async", max_staleness=1))
+    out = simulate(c, Workload(steps=2, groups=2, group_size=4, mode="async", max_staleness=1, inflight=1))
     assert out.wall_s == pytest.approx(8 + 16 + 8 + 16)
 
 
@@ -45,6 +45,18 @@ def test_fixed_decode_cost_follows_the_longest_sample_and_workers_split_a_step()
     assert two.wall_s == pytest.approx(0.1 * 100 + 0.01 * 400 + 0.02 * 800)
     dp = simulate(c, Workload(steps=1, groups=4, group_size=2, workers=2, trainers=4))
     assert dp.wall_s == pytest.approx(0.1 * 100 + 0.01 * 400 + 0.02 * 800 / 4 + c.allreduce_s(4))
+
+
+def test_requests_side_by_side_share_the_fixed_decode_cost():
+    # per decode step 0.1 s + 0.01 s a sequence; 8 sequences of 100 tokens a request.
+    # Alone: 100 x (0.1 + 0.08) = 18 s. Two at once: 100 x (0.1 + 0.16) = 26 s for both.
+    c = _costs(gen_fixed_s=0.1, train_token_s=0.0)
+    one = simulate(c, Workload(steps=2, groups=2, group_size=4, mode="async", max_staleness=1, inflight=1))
+    two = simulate(c, Workload(steps=2, groups=2, group_size=4, mode="async", max_staleness=1, inflight=2))
+    assert one.wall_s == pytest.approx(36) and two.wall_s == pytest.approx(26)
+    # one request of two sequences: 100 steps of 0.1 + 2 x 0.01
+    c2 = _costs(gen_fixed_s=0.1, train_token_s=0.0, lengths=[100])
+    assert simulate(c2, Workload(steps=1, groups=1, group_size=2)).wall_s == pytest.approx(100 * 0.12)
 
 
 def test_deterministic_for_a_seed_and_sweep_rows():

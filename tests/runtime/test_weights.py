@@ -58,7 +58,7 @@ def _reader(t: SharedMemoryWeights, last: int, out) -> None:
 
 def test_shared_memory_readers_in_another_process_never_see_a_torn_version():
     ctx = mp.get_context("spawn")
-    t = SharedMemoryWeights(_tensors(0.0), ctx=ctx)
+    t = SharedMemoryWeights(_tensors(0.0))
     t.publish(_tensors(0.0), 0)
     out = ctx.Queue()
     p = ctx.Process(target=_reader, args=(t, 40, out))
@@ -71,3 +71,34 @@ def test_shared_memory_readers_in_another_process_never_see_a_torn_version():
     for version, vals in seen:
         assert vals == {float(version)}, (version, vals)
     assert t.stats.publishes == 41 and t.stats.bytes_published == 41 * ((64 * 32 + 7) * 4 + 8)
+
+
+def _copy_forever(t: SharedMemoryWeights, started) -> None:
+    started.set()
+    while True:
+        t.fetch(-1)
+
+
+def test_a_reader_killed_mid_copy_never_blocks_the_writer():
+    """The seqlock shares no lock with readers: SIGKILL a process while it copies, publish on."""
+    import os
+    import signal
+    import time
+
+    ctx = mp.get_context("spawn")
+    big = {"w": torch.zeros(4096, 1024)}
+    t = SharedMemoryWeights(big)
+    t.publish(big, 0)
+    started = ctx.Event()
+    p = ctx.Process(target=_copy_forever, args=(t, started))
+    p.start()
+    assert started.wait(60)
+    time.sleep(0.3)
+    os.kill(p.pid, signal.SIGKILL)
+    p.join(10)
+    t0 = time.monotonic()
+    for v in range(1, 4):
+        t.publish({"w": torch.full((4096, 1024), float(v))}, v)
+    assert time.monotonic() - t0 < 10
+    got, version = t.fetch(0)
+    assert version == 3 and torch.equal(got["w"], torch.full((4096, 1024), 3.0))

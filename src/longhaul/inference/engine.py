@@ -25,7 +25,8 @@ prefill-chunk path over the existing cache), and `truncate(request_id, num_token
 sequence's K/V back to its accepted tokens.
 
 Deviations from vLLM: n = 1 only; outputs are cumulative snapshots; `generate()` drives the
-step loop itself and should not share the engine with a concurrent `step()` caller.
+step loop itself and should not share the engine with a concurrent `step()` caller; several
+threads may call `generate()` at once (each step serves all their requests as one batch).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self.prompt_tokens_total = self.generation_tokens_total = 0
         self._num_added = 0
+        self._generate_calls = 0
+        self.step_hook = None  # called by the stepping thread before each step (e.g. to set its torch threads)
         self._step_lock = threading.Lock()  # held for the whole of a step or a weight update
         self._cond = threading.Condition()
         self._paused = False
@@ -145,6 +148,8 @@ class LLMEngine:
 
     @torch.inference_mode()
     def _step(self) -> list[Sequence]:
+        if self.step_hook is not None:
+            self.step_hook()
         with self._step_lock:
             if self._paused:
                 return []
@@ -183,7 +188,10 @@ class LLMEngine:
         plist = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(plist) != len(prompts):
             raise LonghaulError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts; pass one or one a prompt")
-        ids = [f"generate-{self._num_added}-{i}" for i in range(len(prompts))]
+        with self._step_lock:  # several threads may generate at once (their requests share the batch)
+            self._generate_calls += 1
+            call = self._generate_calls
+        ids = [f"generate-{call}-{i}" for i in range(len(prompts))]
         for rid, prompt, p in zip(ids, prompts, plist):
             self.add_request(rid, prompt, p)
         seqs = [self.requests[r] for r in ids]

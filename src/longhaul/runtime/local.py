@@ -5,8 +5,13 @@
 - `ThreadRollouts`: workers are threads of this process, each with its own engine; weights go
   through `InProcessWeights` (one copy a version) and reach generation in flight.
 - `ProcessRollouts`: workers are spawned child processes, each loading the model, its family and
-  its engine once; weights go through shared memory (or files); requests and results travel
-  as pickles over multiprocessing queues. A child that dies or hangs is replaced by the pool.
+  its engine once; weights go through shared memory (or files); requests travel over a queue
+  and results over the child's own pipe. A child that dies or hangs is replaced by the pool.
+  Cores are shared, not oversubscribed: a child steps on `worker_threads` threads while the
+  trainer updates and on every core otherwise; the trainer keeps the rest (controller).
+
+Every worker runs up to `pool.worker_inflight` requests at once on its one engine, so the
+decode batch of an asynchronous run stays full across steps.
 
 Not owned here: dispatch, requeue and failure policy (`pool.WorkerPool`), the Ray backend.
 """
@@ -80,32 +85,49 @@ class InlineRollouts:
     def stats(self) -> dict:
         return {"rollout/pending_requests": len(self._pending)}
 
+    def training(self, busy: bool) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
 
-def _serve(make_worker, transport, wid: int, inbox, box, stop=None) -> None:
-    """A worker's life, in a thread or a child process: build it, report ready, run requests
-    from `box` (after waiting for the weights each may start from) until a None arrives."""
+def _serve(make_worker, transport, wid: int, send, box, stop=None, capacity: int = 1, step_hook=None) -> None:
+    """A worker's life, in a thread or a child process: build it, report ready, then run the
+    requests that arrive in `box` (at most `capacity` at once, each in its own thread, all on the
+    one engine, after waiting for the weights each may start from) until a None arrives.
+    `send(msg)` hands a message to the pool."""
     try:
         worker = make_worker()
+        if step_hook is not None:
+            worker.sampler.step_hook = step_hook
         watcher = WeightWatcher(worker, transport)
         watcher.wait_for(0)
         if worker.cfg.runtime.partial_rollouts:
             watcher.start()
     except Exception as e:
-        inbox.put(("error", wid, f"worker start: {type(e).__name__}: {e}"))
+        send(("error", wid, (None, f"worker start: {type(e).__name__}: {e}")))
         return
-    inbox.put(("ready", wid, None))
+
+    def run(req) -> None:
+        try:
+            watcher.wait_for(req.min_version)
+            send(("result", wid, worker.run(req)))
+        except Exception as e:
+            send(("error", wid, (req.uid, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")))
+
+    send(("ready", wid, None))
+    threads = []
     while stop is None or not stop.is_set():
         req = box.get()
         if req is None:
             break
-        try:
-            watcher.wait_for(req.min_version)
-            inbox.put(("result", wid, worker.run(req)))
-        except Exception as e:
-            inbox.put(("error", wid, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"))
+        threads = [t for t in threads if t.is_alive()]
+        th = threading.Thread(target=run, args=(req,), name=f"{worker.name}-{req.uid}", daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
     watcher.stop()
 
 
@@ -145,8 +167,8 @@ class ThreadRollouts(_TransportPool):
     def _spawn(self, wid: int) -> None:
         box, stop = queue.Queue(), threading.Event()
         self._boxes[wid], self._stop[wid] = box, stop
-        threading.Thread(target=_serve, args=(lambda: self._make_worker(wid), self.transport, wid, self.inbox, box, stop),
-                         name=f"rollout-{wid}", daemon=True).start()
+        threading.Thread(target=_serve, args=(lambda: self._make_worker(wid), self.transport, wid, self.inbox.put, box, stop,
+                                              self.capacity), name=f"rollout-{wid}", daemon=True).start()
 
     def _alive(self, wid: int) -> bool:
         return not self._stop[wid].is_set()
@@ -156,16 +178,29 @@ class ThreadRollouts(_TransportPool):
         self._boxes[wid].put(None)
 
 
-def _child_main(cfg_json: str, wid: int, transport, inbox, box, threads: int | None) -> None:
-    """A process worker: everything is built from the config inside the child."""
+def _child_main(cfg_json: str, wid: int, transport, conn, box, threads: int, capacity: int, trainer_busy) -> None:
+    """A process worker: everything is built from the config inside the child. Results go back
+    over this worker's own pipe (a worker killed mid-send breaks only its own channel). While
+    `trainer_busy` is set the engine steps on `threads` torch threads, else on every core."""
+    import os
+
     import torch
 
-    if threads:
-        torch.set_num_threads(threads)
     from longhaul.config import RunConfig
 
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    lock = threading.Lock()
+
+    def send(msg) -> None:
+        with lock:  # several request threads share the pipe
+            conn.send(msg)
+
+    def hook() -> None:  # runs in the stepping thread: torch's thread count is per thread
+        torch.set_num_threads(threads if trainer_busy.value else cores)
+
     cfg = RunConfig.model_validate_json(cfg_json)
-    _serve(lambda: worker_from_config(cfg, f"process-{wid}"), transport, wid, inbox, box)
+    _serve(lambda: worker_from_config(cfg, f"process-{wid}"), transport, wid, send, box, capacity=capacity, step_hook=hook)
 
 
 class ProcessRollouts(_TransportPool):
@@ -182,20 +217,36 @@ class ProcessRollouts(_TransportPool):
                 raise ValueError("weight_sync=files needs the run directory")
             self.transport = FileWeights(run_dir / "weights", dtype)
         else:
-            self.transport = SharedMemoryWeights(tensors, dtype, self.ctx)
+            self.transport = SharedMemoryWeights(tensors, dtype)
         self.transport.publish(tensors, 0)
-        self.inbox = self.ctx.Queue()  # children write here; the pool reads it like the thread backend's queue
         self._procs: dict[int, object] = {}
         self._boxes: dict[int, object] = {}
         self._cfg_json = cfg.model_dump_json()
         self.threads = worker_threads(cfg)
+        self.trainer_busy = self.ctx.Value("b", 0)  # set while the trainer updates: workers then keep to `threads`
+
+    def training(self, busy: bool) -> None:
+        self.trainer_busy.value = int(busy)
 
     def _spawn(self, wid: int) -> None:
         box = self.ctx.Queue()
+        recv, send = self.ctx.Pipe(duplex=False)
         p = self.ctx.Process(target=_child_main, name=f"longhaul-rollout-{wid}", daemon=True,
-                             args=(self._cfg_json, wid, self.transport, self.inbox, box, self.threads))
+                             args=(self._cfg_json, wid, self.transport, send, box, self.threads, self.capacity, self.trainer_busy))
         p.start()
+        send.close()  # the child holds the sending end; EOF here means it is gone
         self._procs[wid], self._boxes[wid] = p, box
+        threading.Thread(target=self._forward, args=(recv,), name=f"rollout-{wid}-results", daemon=True).start()
+
+    def _forward(self, recv) -> None:
+        """Move one child's messages into the pool's inbox until its pipe closes."""
+        while True:
+            try:
+                msg = recv.recv()
+            except (EOFError, OSError):  # the child exited or was killed (mid-send included)
+                break
+            self.inbox.put(msg)
+        recv.close()
 
     def _alive(self, wid: int) -> bool:
         return self._procs[wid].is_alive()

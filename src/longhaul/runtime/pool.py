@@ -38,19 +38,31 @@ def policy_tensors(policy) -> dict:
     return out
 
 
+def worker_inflight(cfg) -> int:
+    """Requests one worker runs at once: every step the staleness bound admits (async), one (sync).
+    Concurrent requests share the worker's engine, so its decode batches stay full."""
+    rt = cfg.runtime
+    if rt.worker_inflight is not None:
+        return rt.worker_inflight
+    return 1 + rt.max_staleness if rt.mode == "async" else 1
+
+
 class WorkerPool:
     def __init__(self, cfg, n_workers: int):
         self.cfg = cfg
         self.n = n_workers
+        self.capacity = worker_inflight(cfg)
         self.inbox: queue.Queue = queue.Queue()
         self._pending: list = []  # heap of (step, round, seq, request)
         self._seq = 0
-        self._running: dict[int, tuple[RolloutRequest, float]] = {}  # worker id -> (request, monotonic start)
-        self._idle: set[int] = set()
+        self._running: dict[str, tuple[int, RolloutRequest, float]] = {}  # uid -> (worker id, request, monotonic start)
+        self._load: dict[int, int] = {}  # worker id -> requests running on it
+        self._ready: set[int] = set()  # workers that said they can serve
         self._live: set[int] = set()
+        self._busy_since: dict[int, float] = {}
         self._next_wid = 0
         self.t0 = time.monotonic()
-        self.busy_s = 0.0  # worker-seconds spent on requests
+        self.busy_s = 0.0  # worker-seconds with at least one request running
         self.restarts = 0
         self.requeued = 0
         self.failed_requests = 0
@@ -104,8 +116,10 @@ class WorkerPool:
         return len(self._pending) + len(self._running)
 
     def stats(self) -> dict:
-        wall = max(1e-9, time.monotonic() - self.t0)
-        return {"rollout/idle_ratio": max(0.0, 1.0 - self.busy_s / (wall * self.n)), "rollout/pending_requests": len(self._pending),
+        now = time.monotonic()
+        wall = max(1e-9, now - self.t0)
+        busy = self.busy_s + sum(now - t for t in self._busy_since.values())
+        return {"rollout/idle_ratio": max(0.0, 1.0 - busy / (wall * self.n)), "rollout/pending_requests": len(self._pending),
                 "rollout/running_requests": len(self._running), "rollout/worker_restarts": self.restarts,
                 "rollout/requeued_requests": self.requeued, "rollout/failed_requests": self.failed_requests}
 
@@ -120,37 +134,55 @@ class WorkerPool:
         wid = self._next_wid
         self._next_wid += 1
         self._live.add(wid)
+        self._load[wid] = 0
         self._spawn(wid)
         return wid
 
     def _dispatch(self) -> None:
-        while self._idle and self._pending:
-            wid = min(self._idle)
-            self._idle.discard(wid)
+        while self._pending:
+            free = [w for w in self._ready if self._load[w] < self.capacity]
+            if not free:
+                return
+            wid = min(free, key=lambda w: (self._load[w], w))
             req = heapq.heappop(self._pending)[3]
-            self._running[wid] = (req, time.monotonic())
+            now = time.monotonic()
+            self._running[req.uid] = (wid, req, now)
+            if self._load[wid] == 0:
+                self._busy_since[wid] = now
+            self._load[wid] += 1
             self._send(wid, req)
 
+    def _finish(self, uid: str) -> RolloutRequest | None:
+        """Take a request off its worker's books; returns it (None if it was not running)."""
+        got = self._running.pop(uid, None)
+        if got is None:
+            return None
+        wid, req, _ = got
+        self._load[wid] -= 1
+        if self._load[wid] == 0 and wid in self._busy_since:
+            self.busy_s += time.monotonic() - self._busy_since.pop(wid)
+        return req
+
     def _handle(self, kind: str, wid: int, payload) -> RolloutResult | None:
+        """Messages: ("ready", wid, None), ("result", wid, RolloutResult), ("error", wid, (uid or None, text))."""
         if wid not in self._live:
             return None  # a replaced worker's last words
         if kind == "ready":
-            self._idle.add(wid)
+            self._ready.add(wid)
             return None
-        if wid not in self._running:  # it failed before it could serve: replace it, a few times at most
+        if kind == "result":
+            self._finish(payload.uid)
+            return payload
+        uid, why = payload
+        if uid is None:  # it failed before it could serve: replace it, a few times at most
             self._start_failures += 1
             if self._start_failures > self.cfg.runtime.max_retries:
-                raise LonghaulError(f"rollout workers failed to start {self._start_failures} times; last: {payload}")
-            self._kill(wid)
-            self._live.discard(wid)
+                raise LonghaulError(f"rollout workers failed to start {self._start_failures} times; last: {why}")
+            self._drop_worker(wid)
             self._new_worker()
             return None
-        req, t = self._running.pop(wid)
-        self.busy_s += time.monotonic() - t
-        self._idle.add(wid)
-        if kind == "result":
-            return payload
-        return self._retry(req, str(payload))
+        req = self._finish(uid)
+        return self._retry(req, why) if req is not None else None
 
     def _retry(self, req: RolloutRequest, why: str) -> RolloutResult | None:
         if req.attempt >= self.cfg.runtime.max_retries:
@@ -161,27 +193,32 @@ class WorkerPool:
         self.submit(req)
         return None
 
+    def _drop_worker(self, wid: int) -> list[RolloutRequest]:
+        """Kill a worker and forget it; returns the requests it was running."""
+        self._kill(wid)
+        self._live.discard(wid)
+        self._ready.discard(wid)
+        lost = [uid for uid, (w, _, _) in self._running.items() if w == wid]
+        return [r for r in (self._finish(uid) for uid in lost) if r is not None]
+
     def _check_health(self) -> None:
         now = time.monotonic()
         for wid in list(self._live):
-            running = self._running.get(wid)
-            hung = running is not None and now - running[1] > self.cfg.runtime.request_timeout_s
+            hung = any(w == wid and now - t > self.cfg.runtime.request_timeout_s for w, _, t in self._running.values())
             if self._alive(wid) and not hung:
                 continue
             why = f"worker {wid} {'overran request_timeout_s' if hung else 'died'}"
-            self._kill(wid)
-            self._live.discard(wid)
-            self._idle.discard(wid)
             self.restarts += 1
-            if running is not None:
-                del self._running[wid]
-                self.busy_s += now - running[1]
-                res = self._retry(running[0], why)
+            for req in self._drop_worker(wid):
+                res = self._retry(req, why)
                 if res is not None:
                     self._given_up.append(res)
             self._new_worker()
 
     # ---- backend hooks --------------------------------------------------------------------
+    def training(self, busy: bool) -> None:
+        """The trainer starts (True) or ends (False) an update: backends that share cores with it may adapt."""
+
     def load_weights(self, policy, version: int) -> None:
         raise NotImplementedError
 

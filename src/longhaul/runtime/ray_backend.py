@@ -4,7 +4,8 @@
 starts a local one, and creates `runtime.workers` rollout actors, each asking for
 `runtime.worker_cpus` CPUs (and `worker_memory_gb` of memory when set). An actor builds its
 model, family, engine and sandbox scoring once; its `run(request)` is one Ray task, and its
-`load_weights(ref, version)` can run beside it (the actor has two threads), so a new version
+`load_weights(ref, version)` can run beside it (the actor has a thread per request it may run,
+plus one), so a new version
 reaches generation in flight just as on the local backends. A new version is `ray.put` once by
 the trainer's side and every actor reads the same object.
 
@@ -78,7 +79,7 @@ class RayRollouts(WorkerPool):
         import torch
 
         self._dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else None
-        opts = {"num_cpus": cfg.runtime.worker_cpus, "max_concurrency": 2, "max_restarts": 0}
+        opts = {"num_cpus": cfg.runtime.worker_cpus, "max_concurrency": self.capacity + 1, "max_restarts": 0}  # requests + a weight load
         if cfg.runtime.worker_memory_gb:
             opts["memory"] = int(cfg.runtime.worker_memory_gb * 2**30)
         self._cls = ray.remote(**opts)(_RolloutActor)
@@ -113,9 +114,9 @@ class RayRollouts(WorkerPool):
         self._watch(wid, ready, "ready")
 
     def _send(self, wid: int, req) -> None:
-        self._watch(wid, self._actors[wid].run.remote(req), "result")
+        self._watch(wid, self._actors[wid].run.remote(req), "result", req.uid)
 
-    def _watch(self, wid: int, fut, kind: str) -> None:
+    def _watch(self, wid: int, fut, kind: str, uid: str | None = None) -> None:
         """Wait for a task in a thread; a dead actor is left for the pool's health check."""
         def wait():
             ray = self.ray
@@ -125,7 +126,7 @@ class RayRollouts(WorkerPool):
                 self._dead.add(wid)
                 return
             except Exception as e:  # the request itself failed (a RayTaskError wrapping it)
-                self.inbox.put(("error", wid, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+                self.inbox.put(("error", wid, (uid, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")))
                 return
             self.inbox.put((kind, wid, None if kind == "ready" else value))
 

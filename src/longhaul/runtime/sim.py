@@ -1,11 +1,12 @@
 """A discrete-event model of the RL runtime: how many trajectories a second sync and async
 training reach with R rollout workers and T data-parallel trainers, from measured costs.
 
-What it models. A step consumes `groups` groups of `group_size` samples. Generating a group
-costs `gen_fixed_s` per decode step of its longest sample (the per-step overhead that does not
-shrink with the batch) plus `gen_token_s` per token generated, plus `score_s` of sandbox
-scoring; completion lengths are drawn from the measured distribution. A step's groups are
-spread over the workers; a worker runs its requests one after another. Training a step costs
+What it models. A step consumes `groups` groups of `group_size` samples, spread over the
+workers. A worker's engine decodes every sequence of the requests it runs (up to `inflight` at
+once, as the runtime does) side by side: a decode step costs `gen_fixed_s` (the per-step
+overhead that does not shrink with the batch) plus `gen_token_s` per live sequence; completion
+lengths are drawn from the measured distribution; a finished request then costs `score_s` a
+group of sandbox scoring. Training a step costs
 `train_token_s` per completion token divided over T trainers, plus a ring all-reduce of the
 gradients (2 (T-1)/T x `model_bytes` over `net_gbps`) and the weight broadcast to the workers
 (`sync_s`). Sync: all rollouts of a step, then its update. Async: a step's requests are admitted
@@ -60,6 +61,7 @@ class Workload:
     workers: int = 1
     trainers: int = 1
     seed: int = 0
+    inflight: int | None = None  # requests a worker runs at once; None: 1 + max_staleness (async), 1 (sync)
 
 
 @dataclass
@@ -87,13 +89,19 @@ class _Sim:
         self.c, self.wl = costs, wl
         self.rng = random.Random(wl.seed)
         self.now = 0.0
-        self.active: dict[int, list] = {}  # activity id -> [kind, remaining solo-seconds, on_done]
+        self.active: dict[int, list] = {}  # activity id -> [kind, remaining solo-seconds, on_done, total]
         self._ids = 0
         self.busy = {"gen": 0.0, "train": 0.0}
 
-    def start(self, kind: str, work: float, on_done) -> None:
+    def start(self, kind: str, work: float, on_done) -> int:
         self._ids += 1
-        self.active[self._ids] = [kind, work, on_done]
+        self.active[self._ids] = [kind, work, on_done, work]
+        return self._ids
+
+    def cut(self, aid: int) -> float:
+        """Stop an activity early; returns the solo-seconds of work it had done."""
+        kind, left, _, total = self.active.pop(aid)
+        return total - left
 
     def _rate(self, kind: str) -> float:
         if not self.c.shared_cpu:
@@ -108,32 +116,67 @@ class _Sim:
     def run(self) -> None:
         while self.active:
             rates = {i: self._rate(a[0]) for i, a in self.active.items()}
-            i, dt = min(((i, a[1] / rates[i]) for i, a in self.active.items()), key=lambda x: x[1])
+            dt = min(a[1] / rates[i] for i, a in self.active.items())
             for j, a in self.active.items():
                 a[1] -= dt * rates[j]
-            kinds = {a[0] for a in self.active.values()}
-            for k in kinds:
+            for k in {a[0] for a in self.active.values()}:
                 self.busy[k] += dt
             self.now += dt
-            done = [j for j, a in self.active.items() if a[1] <= 1e-12]
-            for j in done:
+            for j in [j for j, a in self.active.items() if a[1] <= 1e-12]:
                 self.active.pop(j)[2]()
 
-    def request_work(self, n_groups: int) -> float:
-        """Solo-seconds of generating and scoring n_groups groups in one request."""
-        lengths = [self.rng.choice(self.c.lengths) for _ in range(n_groups * self.wl.group_size)]
-        self._tokens += sum(lengths)
-        return self.c.gen_fixed_s * max(lengths) + self.c.gen_token_s * sum(lengths) + self.c.score_s * n_groups
+
+class _Engine:
+    """One rollout worker's engine: the requests it runs decode side by side, one token per
+    sequence a step, a step costing gen_fixed_s + gen_token_s x live sequences. Simulated in
+    segments between two sequences finishing; a request joining mid-segment cuts it."""
+
+    def __init__(self, sim: _Sim):
+        self.sim, self.c = sim, sim.c
+        self.reqs: list[list] = []  # [remaining lengths, on_done]
+        self.aid, self.step_cost, self.steps = None, 0.0, 0.0
+
+    @property
+    def load(self) -> int:
+        return len(self.reqs)
+
+    def add(self, lengths: list[float], on_done) -> None:
+        if self.aid is not None:
+            self._advance(self.sim.cut(self.aid) / self.step_cost)
+        self.reqs.append([list(lengths), on_done])
+        self._segment()
+
+    def _advance(self, steps: float) -> None:
+        self.aid = None
+        for r in self.reqs:
+            r[0] = [x - steps for x in r[0] if x - steps > 1e-9]
+        done = [r for r in self.reqs if not r[0]]
+        self.reqs = [r for r in self.reqs if r[0]]
+        for r in done:
+            r[1]()
+
+    def _segment(self) -> None:
+        live = sum(len(r[0]) for r in self.reqs)
+        if not live:
+            return
+        self.steps = min(x for r in self.reqs for x in r[0])
+        self.step_cost = self.c.gen_fixed_s + self.c.gen_token_s * live
+        self.aid = self.sim.start("gen", self.steps * self.step_cost, self._end)
+
+    def _end(self) -> None:
+        self._advance(self.steps)
+        if self.aid is None:
+            self._segment()
 
 
 def simulate(costs: Costs, wl: Workload) -> Outcome:
     sim = _Sim(costs, wl)
-    sim._tokens = 0
     split = [len(range(w, wl.groups, wl.workers)) for w in range(wl.workers)]  # groups per worker per step
-    state = {"version": 0, "trained": 0, "next": 1, "staleness": [], "pending": {}, "tokens": {}}
+    state = {"version": 0, "trained": 0, "next": 1, "staleness": [], "pending": {}, "tokens": {}, "started": {}}
     queues: list[list] = [[] for _ in range(wl.workers)]  # per worker: heap of (step, n_groups)
-    busy = [False] * wl.workers
+    engines = [_Engine(sim) for _ in range(wl.workers)]
     s = wl.max_staleness if wl.mode == "async" else 0
+    capacity = wl.inflight or (1 + s)
 
     def train(step: int) -> None:
         tokens = state["tokens"].pop(step)
@@ -142,8 +185,7 @@ def simulate(costs: Costs, wl: Workload) -> Outcome:
         sim.start("train", work, lambda: trained(step))
 
     def trained(step: int) -> None:
-        state["version"] = step
-        state["trained"] = step
+        state["version"] = state["trained"] = step
         admit()
         maybe_train()
 
@@ -163,27 +205,26 @@ def simulate(costs: Costs, wl: Workload) -> Outcome:
             for w, n in enumerate(split):
                 if n:
                     heapq.heappush(queues[w], (step, n))
-            for w in range(wl.workers):
-                kick(w)
-
-    def kick(w: int) -> None:
-        if busy[w] or not queues[w]:
-            return
-        step, n = heapq.heappop(queues[w])
-        busy[w] = True
-        before = sim._tokens
-        work = sim.request_work(n)
-        state["tokens"][step] += sim._tokens - before
-
-        def done() -> None:
-            busy[w] = False
-            state["pending"][step] -= 1
-            maybe_train()
+        for w in range(wl.workers):
             kick(w)
 
-        sim.start("gen", work, done)
+    def kick(w: int) -> None:
+        while queues[w] and engines[w].load < capacity:
+            step, n = heapq.heappop(queues[w])
+            lengths = [sim.rng.choice(costs.lengths) for _ in range(n * wl.group_size)]
+            state["tokens"][step] += sum(lengths)
 
-    state["started"] = {}
+            def generated(step=step, n=n) -> None:  # then the sandbox scores the groups
+                sim.start("gen", costs.score_s * n, lambda: scored(step))
+
+            engines[w].add(lengths, generated)
+
+    def scored(step: int) -> None:
+        state["pending"][step] -= 1
+        maybe_train()
+        for w in range(wl.workers):
+            kick(w)
+
     admit()
     sim.run()
     return Outcome(sim.now, wl.steps * wl.groups * wl.group_size, sim.busy["train"], sim.busy["gen"], state["staleness"])

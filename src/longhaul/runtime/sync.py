@@ -298,7 +298,11 @@ def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir:
             ctl.admit(cfg.train.steps)
             groups, gen = ctl.gather(step)
             torch.set_num_threads(ctl.trainer_threads())
-            m = trainer.step(groups)
+            ctl.rollouts.training(True)
+            try:
+                m = trainer.step(groups)
+            finally:
+                ctl.rollouts.training(False)
             ctl.publish(step)
             metrics = {**_step_metrics(groups, gen, m, time.perf_counter() - t0), **ctl.stats(), **ctl.source.metrics()}
             log.write(step, metrics)

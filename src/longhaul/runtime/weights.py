@@ -7,8 +7,9 @@ Each transport counts the seconds and bytes it moves (`stats`).
 - `InProcessWeights`: workers are threads of the trainer's process; `publish` takes a copy (the
   trainer keeps updating its tensors in place) and `fetch` hands out that copy.
 - `SharedMemoryWeights`: workers are child processes; two slots of shared-memory tensors are
-  allocated once; `publish` writes the slot no reader is on and flips the current slot under a
-  lock, so a reader never sees a half-written version.
+  allocated once; `publish` writes the slot that is not current and then flips; a per-slot
+  sequence number (a seqlock, no lock shared with readers) lets a reader discard a copy the
+  writer touched, so it never keeps a half-written version.
 - `FileWeights`: any process that sees the directory; one safetensors file per version, written
   to a temp name and renamed, read back by mmap; the newest two are kept.
 
@@ -94,45 +95,56 @@ class InProcessWeights:
 
 class SharedMemoryWeights:
     """Create it in the trainer's process with the tensors' layout, pass it to child processes
-    (torch.multiprocessing sends the shared storages by file descriptor), publish there, fetch here."""
+    (torch.multiprocessing sends the shared storages by file descriptor), publish there, fetch here.
+
+    No lock is shared with the readers (a reader killed while holding one would block every later
+    publish): each slot carries a sequence number, odd while it is being written (a seqlock). A
+    reader copies the current slot and keeps the copy only if that slot's number was even and
+    unchanged around the copy; else it tries again."""
     kind = "shm"
 
-    def __init__(self, like: dict[str, torch.Tensor], dtype: torch.dtype | None = None, ctx=None):
-        import torch.multiprocessing as mp
-
+    def __init__(self, like: dict[str, torch.Tensor], dtype: torch.dtype | None = None):
         self.dtype, self.stats = dtype, SyncStats()
         spec = {k: (t.shape, dtype if dtype is not None and t.is_floating_point() else t.dtype) for k, t in like.items()}
         self._slots = [{k: torch.empty(s, dtype=d).share_memory_() for k, (s, d) in spec.items()} for _ in range(2)]
-        self._meta = torch.full((3,), -1, dtype=torch.int64).share_memory_()  # current slot, its version, spare
-        self._lock = (ctx or mp.get_context("spawn")).Lock()
+        # [version * 2 + current slot (one 8-byte store, so never half-updated), seq of slot 0, seq of slot 1]; -1: none yet
+        self._meta = torch.tensor([-1, 0, 0], dtype=torch.int64).share_memory_()
 
     def publish(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         t0 = time.perf_counter()
-        cur = int(self._meta[0])
-        slot = self._slots[1 - cur if cur >= 0 else 0]
+        packed = int(self._meta[0])
+        nxt = 1 - (packed & 1) if packed >= 0 else 0
+        slot = self._slots[nxt]
         missing = set(slot) - set(tensors)
         if missing:
             raise KeyError(f"published weights lack {sorted(missing)[:3]}; publish the same tensors the buffer was made for")
+        self._meta[1 + nxt] += 1  # odd: being written
         with torch.no_grad():
-            for k, dst in slot.items():  # no reader is on this slot: readers hold the lock on the current one
+            for k, dst in slot.items():
                 dst.copy_(tensors[k])
-        with self._lock:
-            self._meta[0] = 1 - cur if cur >= 0 else 0
-            self._meta[1] = int(version)
+        self._meta[1 + nxt] += 1  # even: whole
+        self._meta[0] = int(version) * 2 + nxt  # readers that look from now on take this slot
         self.stats.published(nbytes(slot), time.perf_counter() - t0)
 
-    def fetch(self, have: int) -> tuple[dict[str, torch.Tensor], int] | None:
+    def fetch(self, have: int, tries: int = 100) -> tuple[dict[str, torch.Tensor], int] | None:
         t0 = time.perf_counter()
-        with self._lock:  # the writer cannot flip (and then overwrite) this slot while we copy it
-            cur, version = int(self._meta[0]), int(self._meta[1])
-            if cur < 0 or version <= have:
+        for _ in range(tries):
+            packed = int(self._meta[0])
+            if packed < 0 or packed >> 1 <= have:
                 return None
-            tensors = {k: v.clone() for k, v in self._slots[cur].items()}
-        self.stats.fetched(nbytes(tensors), time.perf_counter() - t0)
-        return tensors, version
+            version, cur = packed >> 1, packed & 1
+            seq = int(self._meta[1 + cur])
+            if seq % 2 == 0:
+                tensors = {k: v.clone() for k, v in self._slots[cur].items()}
+                if int(self._meta[1 + cur]) == seq:  # nobody wrote this slot while we copied it
+                    self.stats.fetched(nbytes(tensors), time.perf_counter() - t0)
+                    return tensors, version
+            time.sleep(0.001)
+        return None  # a writer kept the slot busy; the next fetch tries again
 
     def latest(self) -> int:
-        return int(self._meta[1])
+        packed = int(self._meta[0])
+        return packed >> 1 if packed >= 0 else -1
 
 
 class FileWeights:
