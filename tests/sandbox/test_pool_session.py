@@ -1,4 +1,5 @@
 import asyncio
+import gc
 import os
 import shutil
 import tempfile
@@ -57,6 +58,7 @@ def test_checker_runs_checks_and_survives_a_memory_bomb():
 
 
 def _counts():
+    gc.collect()  # earlier tests' garbage (sockets, pipes) must not close fds mid-count
     fds = len(os.listdir("/proc/self/fd"))
     with open("/proc/self/mountinfo") as f:
         mounts = sum(1 for _ in f)
@@ -84,7 +86,9 @@ def _many_execs(n):
         s = Sandbox(SandboxSpec())
         s.exec(["true"])
         s.close()
-    assert _counts() == before
+    after = _counts()
+    # descriptors other code of this process owns may close meanwhile, never open
+    assert after["fds"] <= before["fds"] and {**after, "fds": 0} == {**before, "fds": 0}, (before, after)
 
 
 def test_hundreds_of_execs_leak_nothing():
