@@ -161,6 +161,11 @@ class RuntimeConfig(Section):
     address: str | None = None  # ray: "auto" joins a running cluster (`ray start --head`); None starts a local one
     worker_cpus: float = Field(1.0, gt=0)  # ray: CPUs a rollout actor asks for
     worker_memory_gb: float | None = Field(None, gt=0)  # ray: memory a rollout actor asks for (None: no request)
+    trainer_actor: bool = False  # ray: the trainer (and the controller) run in an actor; this process only waits and reports
+    trainer_cpus: float = Field(1.0, gt=0)  # ray: CPUs the trainer actor asks for (its torch threads, rounded down, >= 1)
+    trainer_gpus: float = Field(0.0, ge=0)  # ray: GPUs the trainer actor asks for
+    trainer_memory_gb: float | None = Field(None, gt=0)  # ray: memory the trainer actor asks for (None: no request)
+    trainer_restarts: int = Field(2, ge=0)  # ray: a trainer actor that dies is replaced this many times, resuming from its last checkpoint
 
 
 class DomainConfig(Section):

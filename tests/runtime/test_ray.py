@@ -79,3 +79,43 @@ def test_tiny_grpo_on_a_ray_cluster_survives_a_killed_rollout_actor(tmp_path, ra
     assert {u.split("/")[0] for u in put} == submitted, "every request's groups arrived"
     assert len(taken) == len(set(taken)) == 6 * cfg.rollout.prompts_per_step
     assert all(not r.get("group") or all(t["info"].get("ended") != "infra_error" for t in r["group"]) for r in log if r["op"] == "put")
+
+
+def test_a_killed_trainer_actor_is_replaced_and_the_run_resumes_from_its_checkpoint(tmp_path, ray_cluster):
+    from longhaul.rl.checkpoint import list_checkpoints
+
+    run = tmp_path / "tiny_grpo"
+    actors, killed = [], {}
+
+    def killer():
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if actors and list_checkpoints(run / "checkpoints"):  # step 2 is saved: kill the trainer mid-run
+                pid = ray.get(actors[0].pid.remote())
+                os.kill(pid, signal.SIGKILL)
+                killed["pid"] = pid
+                return
+            time.sleep(0.02)
+
+    threading.Thread(target=killer, daemon=True).start()
+    cfg = load_config(EXAMPLE, [f"output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false", "eval.before_after=false",
+                                "train.steps=10", "train.save_every=2", "runtime.mode=async", "runtime.backend=ray",
+                                "runtime.address=auto", "runtime.trainer_actor=true", "runtime.worker_threads=1"])
+    result = ray_backend.train_in_actor(cfg, on_start=actors.append)
+    assert killed, "the trainer was never killed"
+    assert result["trainer_restarts"] == 1 and len(actors) == 2
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 11)), "every step logged once: the rows after the checkpoint were replaced"
+    assert list_checkpoints(run / "checkpoints")[-1].name.endswith("10")
+    log = [json.loads(line) for line in (run / "buffer.jsonl").read_text().splitlines()]
+    taken = [u for r in log if r["op"] == "take" for u in r["uids"]]
+    assert len(taken) == len(set(taken)) == 10 * cfg.rollout.prompts_per_step
+
+
+def test_trainer_actor_needs_the_ray_backend(tmp_path):
+    from longhaul.errors import LonghaulError
+    from longhaul.runtime import train
+
+    cfg = load_config(EXAMPLE, [f"output_dir={tmp_path}", "runtime.trainer_actor=true"])
+    with pytest.raises(LonghaulError, match="needs runtime.backend=ray"):
+        train(cfg)

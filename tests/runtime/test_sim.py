@@ -67,3 +67,15 @@ def test_deterministic_for_a_seed_and_sweep_rows():
     rows = sweep(c, 3, 8, 4, [1, 4], [1, 2], [1])
     assert [(r["workers"], r["trainers"]) for r in rows] == [(1, 1), (1, 2), (4, 1), (4, 2)]
     assert all(r["async1_speedup"] >= 1 - 1e-9 for r in rows)
+
+
+def test_worker_start_up_delays_every_worker_once():
+    # 5 s of start-up before the first request, then the same timeline as without it
+    wl = dict(steps=3, groups=2, group_size=4)
+    plain = simulate(_costs(), Workload(**wl, remote_workers=False))
+    started = simulate(_costs(worker_start_s=5.0), Workload(**wl))
+    assert started.wall_s == pytest.approx(plain.wall_s + 5.0)
+    inline = simulate(_costs(worker_start_s=5.0), Workload(**wl, remote_workers=False))  # a worker in the trainer's process
+    assert inline.wall_s == pytest.approx(plain.wall_s)
+    two = simulate(_costs(worker_start_s=5.0), Workload(**wl, workers=2, mode="async", max_staleness=1))
+    assert two.wall_s == pytest.approx(simulate(_costs(), Workload(**wl, workers=2, mode="async", max_staleness=1)).wall_s + 5.0)

@@ -201,6 +201,10 @@ def _child_main(cfg_json: str, wid: int, transport, conn, box, threads: int, cap
 
     cfg = RunConfig.model_validate_json(cfg_json)
     _serve(lambda: worker_from_config(cfg, f"process-{wid}"), transport, wid, send, box, capacity=capacity, step_hook=hook)
+    # everything it owed is sent: leave without the interpreter's teardown, which aborts
+    # ("terminate called without an active exception") on the native threads still parked
+    conn.close()
+    os._exit(0)
 
 
 class ProcessRollouts(_TransportPool):

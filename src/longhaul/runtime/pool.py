@@ -60,6 +60,8 @@ class WorkerPool:
         self._ready: set[int] = set()  # workers that said they can serve
         self._live: set[int] = set()
         self._busy_since: dict[int, float] = {}
+        self._spawned_at: dict[int, float] = {}  # worker id -> when it was started, until it says ready
+        self.start_s: list[float] = []  # start-up time of each worker that became ready (spawn to ready)
         self._next_wid = 0
         self.t0 = time.monotonic()
         self.busy_s = 0.0  # worker-seconds with at least one request running
@@ -121,7 +123,8 @@ class WorkerPool:
         busy = self.busy_s + sum(now - t for t in self._busy_since.values())
         return {"rollout/idle_ratio": max(0.0, 1.0 - busy / (wall * self.n)), "rollout/pending_requests": len(self._pending),
                 "rollout/running_requests": len(self._running), "rollout/worker_restarts": self.restarts,
-                "rollout/requeued_requests": self.requeued, "rollout/failed_requests": self.failed_requests}
+                "rollout/requeued_requests": self.requeued, "rollout/failed_requests": self.failed_requests,
+                "rollout/worker_start_s": sum(self.start_s) / len(self.start_s) if self.start_s else 0.0}
 
     def close(self) -> None:
         with self._lock:
@@ -135,6 +138,7 @@ class WorkerPool:
         self._next_wid += 1
         self._live.add(wid)
         self._load[wid] = 0
+        self._spawned_at[wid] = time.monotonic()
         self._spawn(wid)
         return wid
 
@@ -169,6 +173,8 @@ class WorkerPool:
             return None  # a replaced worker's last words
         if kind == "ready":
             self._ready.add(wid)
+            if wid in self._spawned_at:
+                self.start_s.append(time.monotonic() - self._spawned_at.pop(wid))
             return None
         if kind == "result":
             self._finish(payload.uid)

@@ -9,7 +9,14 @@ plus one), so a new version
 reaches generation in flight just as on the local backends. A new version is `ray.put` once by
 the trainer's side and every actor reads the same object.
 
-Failure handling is the pool's (`pool.WorkerPool`): an actor that dies (killed, OOM, its node
+With `runtime.trainer_actor: true` the trainer runs as an actor too (`train_in_actor`): it asks
+for `trainer_cpus`, `trainer_gpus` and `trainer_memory_gb`, runs the whole controller (and so
+owns the rollout actors it creates) and returns the run's result; this process only waits and
+shows the actor's output. A trainer actor that dies (its rollout actors die with it, their
+owner being gone) is replaced up to `trainer_restarts` times by one that resumes from the last
+checkpoint and the persisted replay buffer, as `longhaul train --resume` would.
+
+Failure handling for rollouts is the pool's (`pool.WorkerPool`): an actor that dies (killed, OOM, its node
 lost) fails its task with `RayActorError`; the pool creates a replacement and requeues the
 request; finished results were already handed over. Not owned here: scheduling policy across
 nodes (placement groups come from `runtime.scheduling`).
@@ -31,6 +38,77 @@ def _ray():
     except ImportError as e:
         raise LonghaulError("runtime.backend=ray needs Ray: pip install 'longhaul[ray]'") from e
     return ray
+
+
+def connect(address: str | None, log_to_driver: bool = False):
+    """The Ray module, initialised: joined to the cluster at `address` ("auto": the running one), or a local one."""
+    ray = _ray()
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, ignore_reinit_error=True)
+        except ConnectionError as e:
+            raise LonghaulError(f"no Ray cluster at runtime.address={address!r}: start one with `ray start --head` "
+                                f"or leave runtime.address unset to start a local one") from e
+    return ray
+
+
+class _TrainerActor:
+    """Runs in the trainer actor's process: one whole `longhaul train` run."""
+
+    def __init__(self, threads: int):
+        import torch
+
+        torch.set_num_threads(threads)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def run(self, cfg_json: str, resume: bool) -> dict:
+        from longhaul.config import RunConfig
+        from longhaul.runtime import train
+
+        return train(RunConfig.model_validate_json(cfg_json), resume)
+
+
+def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
+    """Run training in a Ray actor; replace it, resuming, when it dies. `on_start(actor)` sees each one."""
+    from longhaul.runtime.progress import console
+
+    rt = cfg.runtime
+    ray = connect(rt.address, log_to_driver=True)
+    inner = cfg.model_copy(update={"runtime": rt.model_copy(update={"trainer_actor": False})}).model_dump_json()
+    opts = {"num_cpus": rt.trainer_cpus, "num_gpus": rt.trainer_gpus, "max_restarts": 0, "max_concurrency": 2}  # run + pid
+    if rt.trainer_memory_gb:
+        opts["memory"] = int(rt.trainer_memory_gb * 2**30)
+    cls = ray.remote(**opts)(_TrainerActor)
+    threads = cfg.threads or max(1, int(rt.trainer_cpus))
+    for attempt in range(rt.trainer_restarts + 1):
+        actor = cls.remote(threads)
+        if on_start is not None:
+            on_start(actor)
+        try:
+            result = ray.get(actor.run.remote(inner, resume))
+            return {**result, "trainer_restarts": attempt}
+        except ray.exceptions.RayActorError as e:
+            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if attempt == rt.trainer_restarts:
+                raise LonghaulError(f"the trainer actor died {attempt + 1} time(s), last: {why}; see the Ray logs "
+                                    f"(/tmp/ray/session_latest/logs) or raise runtime.trainer_restarts") from None
+            console.print(f"[yellow]the trainer actor died ({why}); a new one resumes from the last checkpoint[/]")
+            resume = True
+        except ray.exceptions.RayTaskError as e:  # the run itself failed: its own error, as in-process
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, LonghaulError):
+                raise LonghaulError(str(cause)) from None
+            raise
+        finally:
+            try:
+                ray.kill(actor)
+            except Exception:
+                pass
+    raise AssertionError("unreachable")
 
 
 class _RolloutActor:
@@ -69,13 +147,7 @@ class _RolloutActor:
 class RayRollouts(WorkerPool):
     def __init__(self, cfg, family, tok, policy, run_dir=None):
         super().__init__(cfg, cfg.runtime.workers)
-        ray = self.ray = _ray()
-        if not ray.is_initialized():
-            try:
-                ray.init(address=cfg.runtime.address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-            except ConnectionError as e:
-                raise LonghaulError(f"no Ray cluster at runtime.address={cfg.runtime.address!r}: start one with `ray start --head` "
-                                    f"or leave runtime.address unset to start a local one") from e
+        ray = self.ray = connect(cfg.runtime.address)
         import torch
 
         self._dtype = torch.bfloat16 if cfg.rollout.dtype == "bfloat16" else None

@@ -44,6 +44,7 @@ class Costs:
     shared_cpu: bool = False
     gen_shared: float = 1.0  # rate of generation while training runs on the same cores
     train_shared: float = 1.0
+    worker_start_s: float = 0.0  # a rollout worker process's start-up (spawn, imports, model, engine) before its first request
 
     def allreduce_s(self, trainers: int) -> float:
         if trainers <= 1:
@@ -62,6 +63,7 @@ class Workload:
     trainers: int = 1
     seed: int = 0
     inflight: int | None = None  # requests a worker runs at once; None: 1 + max_staleness (async), 1 (sync)
+    remote_workers: bool = True  # workers are processes of their own (they pay costs.worker_start_s); False: in the trainer's process
 
 
 @dataclass
@@ -225,7 +227,10 @@ def simulate(costs: Costs, wl: Workload) -> Outcome:
         for w in range(wl.workers):
             kick(w)
 
-    admit()
+    if wl.remote_workers and costs.worker_start_s > 0:  # every worker starts at once; none serves before it is up
+        sim.start("gen", costs.worker_start_s, admit)
+    else:
+        admit()
     sim.run()
     return Outcome(sim.now, wl.steps * wl.groups * wl.group_size, sim.busy["train"], sim.busy["gen"], state["staleness"])
 
