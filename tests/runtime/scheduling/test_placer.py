@@ -217,3 +217,48 @@ def test_fair_preemption_evicts_over_share_domains_without_ping_pong():
     assert _started(log) == ["b0", "b1"] and len(_preempted(log)) == 2
     assert p.schedule(400.0) == []  # neither holds more per weight than the other would after a swap
     assert sorted(j[0] for j in p.running) == ["a", "a", "b", "b"]
+
+
+def test_a_domain_that_just_ran_a_large_job_waits_behind_one_that_did_not():
+    def next_started(half_life_s):
+        c = Cluster([Node("n0", NODE, "r")])
+        p = Placer(c, PlacerConfig(usage_half_life_s=half_life_s, preempt=False, reserve_after_s=None), {"a": 1.0, "b": 1.0})
+        p.submit(_job("a-big", 8, domain="a"), 0.0)
+        p.schedule(0.0)
+        p.submit(_job("b0", 8, domain="b", at=10.0), 10.0)
+        p.submit(_job("a1", 8, domain="a", at=5.0), 5.0)
+        p.release("a-big", 3600.0)  # both hold nothing now; a held the whole cluster for an hour
+        return _started(p.schedule(3600.0))
+    assert next_started(None) == ["a1"]  # the instantaneous share ties, and a's head came first
+    assert next_started(3 * 3600.0) == ["b0"]
+
+
+def test_an_aged_job_runs_one_priority_higher_so_lower_priorities_are_not_starved():
+    p = _placer(age_after_s=600.0, preempt_after_s=0, reserve_after_s=None)
+    p.submit(_job("busy", 8, domain="hi", priority=1), 0.0)
+    p.schedule(0.0)
+    p.submit(_job("low", 8, domain="lo", priority=0), 0.0)
+    t = 0.0
+    for k in range(20):  # priority-1 work keeps arriving; each job runs 60 s
+        t += 60.0
+        p.release(next(iter(p.running)), t)
+        p.submit(_job(f"hi{k}", 8, domain="hi", priority=1, at=t), t)
+        p.schedule(t)
+        if "low" in p.running:
+            break
+    assert "low" in p.running and t <= 600.0 + 60.0  # started within the bound and a pass
+    p.submit(_job("peer", 8, domain="hi", priority=1, at=t), t)
+    assert _preempted(p.schedule(t + 100.0)) == []  # the priority it was lifted over may not evict it
+    p.submit(_job("urgent", 8, domain="x", priority=2, at=t), t)
+    assert _preempted(p.schedule(t + 200.0)) == ["low"]  # a priority above that may
+
+
+def test_only_the_domain_the_fair_order_serves_first_gets_nodes_drained():
+    c = Cluster([Node("n0", NODE, "r")])
+    p = Placer(c, PlacerConfig(reserve_after_s=0.0, preempt=False), {"rich": 1.0, "poor": 1.0})
+    p.submit(_job("rich0", 4, domain="rich"), 0.0)
+    p.schedule(0.0)
+    p.submit(_job("rich-gang", 8, domain="rich"), 0.0)
+    p.submit(_job("poor-gang", 8, domain="poor"), 0.0)
+    p.schedule(600.0)  # neither fits; "rich" has held half the node for 10 min, "poor" nothing
+    assert list(p.reserved) == ["poor-gang"]

@@ -26,6 +26,15 @@ Measured over [warm-up, end]:
   counts CPU-heavy domains using idle CPUs as unfair, so it overstates the error when CPUs are
   not the bottleneck);
 - pre-emptions and the GPU-hours they lost.
+
+The fairness measure was reviewed for issue 9 and kept as it is, for every policy alike: it is
+the L1 distance between the shares used and the weighted max-min fair split of the same
+capacity over the domains that had demand, per window, i.e. the standard weighted max-min
+criterion, and sum|u - t| counts a misallocated GPU-second twice (once over, once under), so
+it does not flatter. Its one known bias: queued demand is share x seconds waited, not capped
+by the waiting job's remaining work, so a short job that waits long overstates its domain's
+demand; that raises the entitlement of domains that wait, which counts against the policy that
+makes them wait (FIFO most).
 """
 
 from __future__ import annotations
@@ -214,7 +223,7 @@ class Simulation:
                 else:
                     _, _, jid, tok = heapq.heappop(self.events)
                     if self.token.get(jid) == tok and jid in self.placer.running:
-                        self._on_stop(self.placer.release(jid), t, preempted=False)
+                        self._on_stop(self.placer.release(jid, t), t, preempted=False)
             self._account(now)
             for what, run in self.placer.schedule(now):
                 if what == "start":

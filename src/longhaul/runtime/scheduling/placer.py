@@ -2,10 +2,12 @@
 with pre-emption and draining reservations. One call of `schedule(now)` is one pass.
 
 Order (`order="fair"`): one FIFO queue per domain. The next job tried is the head of the domain
-with the highest head priority and, within that priority, the smallest share it holds now
-divided by its weight: its fraction of the cluster's GPUs (`share="gpu"`: GPU-hours are what
-domains are entitled to; CPUs and memory are packed, not shared out), or its dominant share,
-the largest of its CPU, memory and GPU fractions (`share="dominant"`: weighted DRF).
+with the highest head priority and, within that priority, the lowest *level* per weight: its
+decayed mean share of the last hours, what it holds now counted `usage_lookahead_s` ahead
+(`usage_half_life_s`, see `usage.py`; None: the share held now only). A share is a fraction of the cluster's GPUs
+(`share="gpu"`: GPU-hours are what domains are entitled to; CPUs and memory are packed, not
+shared out) or the dominant share, the largest of its CPU, memory and GPU fractions
+(`share="dominant"`: weighted DRF).
 With `backfill`, a head that does not fit does not stop the pass: up to `domain_scan` jobs
 behind it in its domain, then other domains, are tried (`scan_limit` attempts a pass).
 `order="fifo"` is one queue in submission order; without backfill a blocked head stops it.
@@ -17,17 +19,22 @@ dominant share x time since they last saved, per `Job.checkpoint_every_s`), unti
 units fit. Victims go back to the head of their queue. A job evicted `max_preemptions` times is
 not evicted again, so no job starves restarting; at most `preempt_tries` searches run a pass.
 
-Aging (`age_after_s`): a head that has waited that long is ordered as one priority higher, so
-lower priorities still start under sustained load; it never lets a job pre-empt.
+Aging (`age_after_s`): a head that has waited that long is ordered as one priority higher and,
+once started, runs as that priority (only priorities above it pre-empt it: otherwise the
+priority it was lifted over would evict it a grace period later); it never lets a job pre-empt,
+and it counts in its own priority for fair share.
 
 Fair-share pre-emption (`fair_preempt_after_s`): a head that has waited that long may also
-evict jobs of its own priority from domains that hold more per weight than its domain would
-after starting it, taking each victim only while the victim's domain keeps at least that much
-(no ping-pong); the most over-share domain's least costly job goes first.
+evict jobs of its own priority from domains whose level per weight is above the one its domain
+would reach by starting it, taking each victim only while the victim's domain stays at least
+that high (no ping-pong); the most over-share domain's least costly job goes first, and with
+`fair_preempt_max_loss_s` only jobs that saved at most that long ago are taken.
 
 Reservations: a head that has waited `reserve_after_s` without fitting (a large gang that
-backfill keeps overtaking) gets nodes drained for it: up to `max_reservations` jobs at a time
-each hold a set of nodes (the ones with the most free now) that no other job may start on;
+backfill keeps overtaking) gets nodes drained for it if its domain came first in its
+priority's fair order when the pass began (so an over-share domain never drains nodes ahead of
+the domains below it): up to `max_reservations` jobs at a time each hold a
+set of nodes (the ones with the most free now) that no other job may start on;
 the job starts as soon as it fits, and its reservation ends then.
 
 Resources are taken only through `Cluster.allocate` (all or nothing): the placer never
@@ -48,6 +55,7 @@ from longhaul.config import Section
 from longhaul.runtime.scheduling.cluster import Cluster, Resources
 from longhaul.runtime.scheduling.placement import PLACEMENT, FreeView, Job
 from longhaul.runtime.scheduling.queues import preempts
+from longhaul.runtime.scheduling.usage import Usage
 
 
 class PlacerConfig(Section):
@@ -63,14 +71,17 @@ class PlacerConfig(Section):
     cpus_per_gpu: float = Field(4.0, ge=0)  # CPUs CPU-only work must leave beside each free GPU of a GPU node
     scan_limit: int = Field(256, ge=1)  # placement attempts per pass (like Slurm's bf_max_job_test)
     preempt_tries: int = Field(4, ge=1)  # pre-emption searches per pass (each weighs every node), highest priority first
+    usage_half_life_s: float | None = Field(3 * 3600.0, gt=0)  # fair share counts past use, decayed with this half-life (longhaul.runtime.scheduling.usage); None: the share held now only
+    usage_lookahead_s: float = Field(600.0, ge=0)  # a job counts as this much use the moment it starts (no burst of one domain in one pass)
     fair_preempt_after_s: float | None = Field(None, ge=0)  # a head waiting this long may evict jobs of over-share domains of its own priority; None: never
+    fair_preempt_max_loss_s: float | None = Field(None, ge=0)  # fair-share victims have at most this much unsaved work (they saved recently); None: any
     max_preemptions: int | None = Field(2, ge=0)  # a job evicted this often is not evicted again (no job starves restarting); None: no cap
     age_after_s: float | None = Field(None, gt=0)  # a job waiting this long is ordered one priority higher (never for pre-emption); None: off (aging overrides the weights)
     domain_scan: int = Field(4, ge=1)  # jobs of one domain tried behind its blocked head
 
 
 PRESETS = {
-    "longhaul": PlacerConfig(),
+    "longhaul": PlacerConfig(fair_preempt_after_s=300.0),  # the fair order alone leaks to jobs that fit behind blocked under-share heads
     "fifo": PlacerConfig(order="fifo", policy="first_fit", backfill=False, preempt=False, reserve_after_s=None),
     "fifo_backfill": PlacerConfig(order="fifo", policy="first_fit", backfill=True, preempt=False, reserve_after_s=None),
 }
@@ -82,6 +93,11 @@ class Running:
     nodes: list[int]  # node of each unit
     started: float
     load_from: list[str] = field(default_factory=list)  # per unit: "local", "rack", "remote" or "" (loads nothing)
+    priority: int | None = None  # what it runs as: its own priority, one higher if it started aged (None: its own)
+
+    @property
+    def rank(self) -> int:
+        return self.job.priority if self.priority is None else self.priority
 
 
 class Placer:
@@ -93,7 +109,8 @@ class Placer:
         self.jobs: dict[str, Job] = {}  # queued jobs by id
         self.waiting_since: dict[str, float] = {}
         self.running: dict[str, Running] = {}
-        self.share: dict[str, float] = defaultdict(float)  # domain -> dominant share held now
+        self.usage = Usage(cfg.usage_half_life_s, cfg.usage_lookahead_s)  # domain -> share held now and recently (what the weights share out)
+        self.clock = 0.0  # time of the latest pass
         self.reserved: dict[str, set[int]] = {}  # job id -> drained nodes, oldest first
         self.node_reserved: dict[int, str] = {}
         self.preemptions = 0
@@ -152,8 +169,8 @@ class Placer:
             return job.total[2] / self.c.total[2]
         return self.dominant(job)
 
-    def _hold(self, job: Job, sign: int, evictable: bool) -> None:
-        self.share[job.domain] = max(0.0, self.share[job.domain] + sign * self.charge(job))
+    def _hold(self, job: Job, sign: int, evictable: bool, now: float) -> None:
+        (self.usage.acquire if sign > 0 else self.usage.release)(job.domain, self.charge(job), now)
         self._bonus.clear()
         self._failed_preempt.clear()
         if evictable:
@@ -163,7 +180,7 @@ class Placer:
 
     # start and stop
     def _start(self, job: Job, nodes: list[int], now: float) -> Running:
-        c = self.c
+        c, rank = self.c, job.priority + self._aged(job, now)
         load = []
         for unit, i in zip(job.units, nodes):
             if not (unit.loads_checkpoint and job.checkpoint_gb > 0):
@@ -177,19 +194,21 @@ class Placer:
             if unit.loads_checkpoint:
                 c.note_checkpoint(i, job.checkpoint)
         self._dequeue(job)
-        run = Running(job, list(nodes), now, load)
+        run = Running(job, list(nodes), now, load, rank)
         self.running[job.id] = run
         evictable = self._evictable(job)
         if evictable:
-            self.by_priority[job.priority][job.id] = run
-        self._hold(job, +1, evictable)
+            self.by_priority[run.rank][job.id] = run
+        self._hold(job, +1, evictable, now)
         return run
 
-    def release(self, job_id: str) -> Running:
-        """A running job finished (or was stopped): its resources go back."""
+    def release(self, job_id: str, now: float | None = None) -> Running:
+        """A running job finished (or was stopped) at `now` (default: the latest pass): its
+        resources go back."""
         run = self.running.pop(job_id)
         self.c.release(job_id)
-        self._hold(run.job, -1, self.by_priority[run.job.priority].pop(job_id, None) is not None)
+        self._hold(run.job, -1, self.by_priority[run.rank].pop(job_id, None) is not None,
+                   self.clock if now is None else now)
         self._failed.clear()
         return run
 
@@ -197,6 +216,7 @@ class Placer:
     def schedule(self, now: float) -> list[tuple[str, Running]]:
         """Start what can start now; returns what happened in order: ("start" | "preempt", run)."""
         log: list[tuple[str, Running]] = []
+        self.clock = now
         self._preempt_left = self.cfg.preempt_tries
         for jid in list(self.reserved):
             self._attempt(self.jobs[jid], now, True, log)
@@ -220,6 +240,9 @@ class Placer:
     def _pass_fair(self, now, log) -> None:
         cfg = self.cfg
         heap = [self._heap_key(d, q[0], now) for d, q in self.queues.items() if q]
+        first = {}  # head priority -> the domain the fair order serves first this pass: the only one that may reserve
+        for key in sorted(heap):
+            first.setdefault(key[0], key[-1])
         heapq.heapify(heap)
         tries = 0
         while heap and tries < cfg.scan_limit:
@@ -230,7 +253,7 @@ class Placer:
                 if job.id in self.reserved:
                     continue
                 tries += 1
-                if self._attempt(job, now, pos == 0, log):
+                if self._attempt(job, now, pos == 0, log, may_reserve=first.get(self._heap_key(d, job, now)[0]) == d):
                     placed = True
                     break
             if placed and q:
@@ -239,11 +262,21 @@ class Placer:
                 break
 
     def _heap_key(self, d: str, head: Job, now: float) -> tuple:
-        aged = self.cfg.age_after_s is not None and now - self.waiting_since[head.id] >= self.cfg.age_after_s
-        return (-(head.priority + aged), self.share[d] / self.weights.get(d, 1.0), head.submitted, d)
+        return (-(head.priority + self._aged(head, now)), self.level(d, now), head.submitted, d)
 
-    def _attempt(self, job: Job, now: float, head: bool, log: list) -> bool:
-        """Start `job` if it fits; if it is a head that has waited, pre-empt or reserve for it."""
+    def _aged(self, job: Job, now: float) -> int:
+        """1 if `job` has waited `age_after_s` (it is ordered, and runs, one priority higher)."""
+        age = self.cfg.age_after_s
+        return int(age is not None and job.id in self.waiting_since and now - self.waiting_since[job.id] >= age)
+
+    def level(self, d: str, now: float, extra: float = 0.0) -> float:
+        """Domain `d`'s recent use (as if it held `extra` more now), per unit of weight: the
+        fair-share order serves the lowest first."""
+        return self.usage.level(d, now, extra) / self.weights.get(d, 1.0)
+
+    def _attempt(self, job: Job, now: float, head: bool, log: list, may_reserve: bool = True) -> bool:
+        """Start `job` if it fits; if it is a head that has waited, pre-empt or reserve for it
+        (`may_reserve`: its domain came first in the fair order when the pass began)."""
         own = self.reserved.get(job.id, set())
         shape = (tuple(sorted(job.needs)), job.checkpoint_gb >= self.cfg.colocate_gb)
         nodes = None
@@ -259,7 +292,7 @@ class Placer:
         waited = now - self.waiting_since[job.id]
         if self.cfg.preempt and self._preempt_for(job, now, log):
             return True
-        if (self.cfg.reserve_after_s is not None and waited >= self.cfg.reserve_after_s and not own
+        if (may_reserve and self.cfg.reserve_after_s is not None and waited >= self.cfg.reserve_after_s and not own
                 and len(self.reserved) < self.cfg.max_reservations):
             self._reserve(job)
         return False
@@ -283,17 +316,15 @@ class Placer:
                 {jid: r for p, runs in self.by_priority.items() if preempts(priority, p) for jid, r in runs.items()})
         return self._bonus[priority]
 
-    def _ratio_after(self, job: Job) -> float:
-        return (self.share[job.domain] + self.charge(job)) / self.weights.get(job.domain, 1.0)
-
-    def _over_share(self, job: Job) -> tuple:
-        """Running evictable jobs of `job`'s priority whose domains hold more per weight than
-        `job`'s domain would after starting it. A victim is taken only while its domain still
-        holds at least that much after losing it, so two domains never evict each other back
-        and forth."""
-        bar = self._ratio_after(job)
+    def _over_share(self, job: Job, now: float) -> tuple:
+        """Running evictable jobs of `job`'s priority whose domains stand above the level
+        `job`'s domain would reach by starting it, with at most `fair_preempt_max_loss_s` of
+        unsaved work. A victim is taken only while its domain stays at or above that level
+        after losing it, so two domains never evict each other back and forth."""
+        bar, cap = self.level(job.domain, now, self.charge(job)), self.cfg.fair_preempt_max_loss_s
         runs = {jid: r for jid, r in self.by_priority.get(job.priority, {}).items()
-                if r.job.domain != job.domain and self.share[r.job.domain] / self.weights.get(r.job.domain, 1.0) > bar}
+                if r.job.priority == job.priority and r.job.domain != job.domain and self.level(r.job.domain, now) > bar
+                and (cap is None or self._unsaved_s(r, now) <= cap)}
         return self._candidates(runs)
 
     def _preempt_for(self, job: Job, now: float, log: list) -> bool:
@@ -309,11 +340,11 @@ class Placer:
     def _evict_for(self, job: Job, now: float, log: list, mode: str) -> bool:
         c = self.c
         key = (mode, tuple(sorted(job.needs)), job.checkpoint_gb >= self.cfg.colocate_gb, job.priority,
-               round(self._ratio_after(job), 9) if mode == "share" else None)
+               round(self.level(job.domain, now, self.charge(job)), 9) if mode == "share" else None)
         own = self.reserved.get(job.id, set())
         if key in self._failed_preempt and not own:
             return False
-        runs, bonus, summaries, total = self._victims(job.priority) if mode == "priority" else self._over_share(job)
+        runs, bonus, summaries, total = self._victims(job.priority) if mode == "priority" else self._over_share(job, now)
         nodes = None
         if runs and all(t <= f + e for t, f, e in zip(job.total, c.free_total, total)):
             self._preempt_left -= 1
@@ -324,7 +355,7 @@ class Placer:
                 self._failed_preempt.add(key)
             return False
         for victim in chosen:
-            self.release(victim.job.id)
+            self.release(victim.job.id, now)
             self._requeue(victim.job, now)
             self.preemptions += 1
             self.evictions[victim.job.id] += 1
@@ -341,21 +372,20 @@ class Placer:
             acc = need.setdefault(i, [0, 0, 0])
             for k in range(3):
                 acc[k] += u[k]
-        share = dict(self.share)
-        bar = self._ratio_after(job)
-        weight = lambda d: self.weights.get(d, 1.0)
+        freed_share: dict[str, float] = defaultdict(float)  # domain -> share its chosen victims hold
+        bar = self.level(job.domain, now, self.charge(job))
         chosen: dict[str, Running] = {}
         for i, u in need.items():
             order = sorted((runs[jid] for jid in c.node_jobs[i] if jid in runs and jid not in chosen),
-                           key=lambda r: ((r.job.priority,) if mode == "priority" else (-share[r.job.domain] / weight(r.job.domain),))
+                           key=lambda r: ((r.rank,) if mode == "priority" else (-self.level(r.job.domain, now),))
                            + (self._loss(r, now), r.job.id))
             while any(c.free[i][k] + freed[i][k] < u[k] for k in range(3)):
                 victim = next((r for r in order if r.job.id not in chosen and (
-                    mode == "priority" or (share[r.job.domain] - self.charge(r.job)) / weight(r.job.domain) >= bar - 1e-12)), None)
+                    mode == "priority" or self.level(r.job.domain, now, -freed_share[r.job.domain] - self.charge(r.job)) >= bar - 1e-12)), None)
                 if victim is None:
                     return None
                 chosen[victim.job.id] = victim
-                share[victim.job.domain] -= self.charge(victim.job)
+                freed_share[victim.job.domain] += self.charge(victim.job)
                 for j, held in c.holdings[victim.job.id]:
                     for k in range(3):
                         freed[j][k] += held[k]
@@ -363,9 +393,12 @@ class Placer:
 
     def _loss(self, run: Running, now: float) -> float:
         """What evicting `run` now throws away: its share x the time since it last saved."""
-        every = run.job.checkpoint_every_s
-        since = now - run.started
-        return self.dominant(run.job) * (since % every if every else since)
+        return self.dominant(run.job) * self._unsaved_s(run, now)
+
+    @staticmethod
+    def _unsaved_s(run: Running, now: float) -> float:
+        every, since = run.job.checkpoint_every_s, now - run.started
+        return since % every if every else since
 
     def _reserve(self, job: Job) -> None:
         """Drain, for `job`, the nodes with the most free now that could hold its units."""
