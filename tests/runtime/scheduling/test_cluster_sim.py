@@ -43,7 +43,7 @@ def test_a_second_whole_node_job_waits_for_the_first():
 
 def test_preemption_loses_work_since_the_last_checkpoint():
     jobs = [_sim_job("low", 0.0, 1000.0, priority=0), _sim_job("high", 50.0, 100.0, domain="b", priority=1)]
-    cfg = PRESETS["longhaul"].model_copy(update={"preempt_after_s": 60.0})
+    cfg = PRESETS["longhaul"].model_copy(update={"preempt_after_s": 60.0, "min_class_share": 0.0})  # strict: no floor keeps "low"
     r = simulate([Node("n", NODE, "r")], [_domain("a"), _domain("b", priority=1)], jobs, cfg, 0.0, 2000.0, tick_s=10.0)
     # high waits 60 s (t=110), low loses its 110 s (rollouts save every 300 s), high runs [110, 210], low restarts
     assert r["preemptions"] == 1
@@ -102,3 +102,17 @@ def test_workload_is_a_function_of_its_seed():
     c = make_workload(WorkloadSpec(nodes=40, racks=2, domains=10, hours=2.0, seed=2))
     key = lambda w: [(j.job.id, j.arrival, j.work_s, j.job.domain, len(j.job.units)) for j in w[2]]
     assert key(a) == key(b) and key(a) != key(c)
+
+
+def test_two_backlogged_domains_at_1_to_3_converge_to_their_weights():
+    # "a" runs whole-node hour-long gangs, "b" quarter-node 15-minute jobs; both always backlogged
+    jobs = [_sim_job(f"a{k}", 0.0, 3600.0, 8, "a") for k in range(40)] + [_sim_job(f"b{k}", 0.0, 900.0, 2, "b") for k in range(1200)]
+    for sj in jobs:
+        sj.job.checkpoint_every_s = 300.0
+    sim = Simulation([Node(f"n{i}", NODE, "r") for i in range(2)], [_domain("a", 1.0), _domain("b", 3.0)], jobs,
+                     PRESETS["longhaul"], 3600.0, 25 * 3600.0)
+    r = sim.run()
+    used = {d: sum(h.get(d, 0.0) for h in sim.ledgers["gpu"].used.values()) for d in "ab"}
+    share = used["a"] / sum(used.values())
+    assert abs(share - 0.25) <= 0.03, f"weight-1 domain got {share:.3f} of the GPUs, want 0.25 +- 0.03"
+    assert r["fairness_error"] <= 0.05

@@ -262,3 +262,41 @@ def test_only_the_domain_the_fair_order_serves_first_gets_nodes_drained():
     p.submit(_job("poor-gang", 8, domain="poor"), 0.0)
     p.schedule(600.0)  # neither fits; "rich" has held half the node for 10 min, "poor" nothing
     assert list(p.reserved) == ["poor-gang"]
+
+
+def test_a_class_below_its_floor_is_served_first_and_kept_there():
+    p = _placer(nodes=4, preempt_after_s=0, min_class_share=0.25)  # 32 GPUs: class 0 is owed 8 while it waits
+    for k in range(4):
+        p.submit(_job(f"high{k}", 8, domain="h", priority=1), 0.0)
+    p.submit(_job("low0", 8, domain="l", priority=0), 0.0)
+    p.submit(_job("low1", 8, domain="l", priority=0), 0.0)
+    assert sorted(_started(p.schedule(0.0))) == ["high0", "high1", "high2", "low0"]  # strict priority would start no low job
+    p.release("high0", 10.0)
+    log = p.schedule(10.0)
+    assert _started(log) == ["high3"] and not _preempted(log)  # at its floor: higher priorities come first again
+    p.submit(_job("high4", 8, domain="h", priority=1, at=20.0), 20.0)
+    assert not _preempted(p.schedule(100.0))  # a higher priority may not evict it below its floor
+
+
+def test_strict_priority_without_a_floor():
+    p = _placer(nodes=4)
+    for k in range(4):
+        p.submit(_job(f"high{k}", 8, domain="h", priority=1), 0.0)
+    p.submit(_job("low0", 8, domain="l", priority=0), 0.0)
+    assert sorted(_started(p.schedule(0.0))) == ["high0", "high1", "high2", "high3"]
+
+
+def test_backfill_does_not_overtake_a_blocked_head_served_first_with_hold():
+    def run(hold):
+        p = Placer(Cluster([Node("n0", NODE, "r")]), PlacerConfig(preempt=False, reserve_after_s=None, hold_for_first=hold),
+                   {"rich": 1.0, "poor": 1.0})
+        p.submit(_job("rich0", 4, domain="rich"), 0.0)
+        p.schedule(0.0)
+        p.submit(_job("poor-gang", 8, domain="poor", at=1.0), 1.0)
+        for k in range(2):
+            p.submit(_job(f"rich{k + 1}", 2, domain="rich", at=1.0), 1.0)
+        first = _started(p.schedule(10.0))
+        p.release("rich0", 20.0)
+        return first, _started(p.schedule(20.0))
+    assert run(False) == (["rich1", "rich2"], [])  # the small jobs take the half node the gang waits for
+    assert run(True) == ([], ["poor-gang"])  # held: the gang starts as soon as the node frees

@@ -10,25 +10,27 @@ shared out) or the dominant share, the largest of its CPU, memory and GPU fracti
 (`share="dominant"`: weighted DRF).
 With `backfill`, a head that does not fit does not stop the pass: up to `domain_scan` jobs
 behind it in its domain, then other domains, are tried (`scan_limit` attempts a pass).
+With `hold_for_first`, a blocked head of the domain its priority's fair order serves first
+keeps its GPUs free for the rest of the pass (jobs ranked after it start only on GPUs beyond
+those): backfill then cannot hand an over-share domain the GPUs an under-share gang waits for.
+Not work-conserving, so bounded: one head a priority rank, one pass at a time; CPU-only jobs are
+not held. (EASY backfill would let in jobs that end before the gang could start; the placer
+knows no durations.)
 `order="fifo"` is one queue in submission order; without backfill a blocked head stops it.
 
-Pre-emption (`preempt`): a job that has waited `preempt_after_s` and cannot fit may evict
-running pre-emptible jobs of strictly lower priority (`queues.preempts`), only if that makes it
-fit: victims are taken node by node, lowest priority first, then the least work lost (held
-dominant share x time since they last saved, per `Job.checkpoint_every_s`), until the job's
-units fit. Victims go back to the head of their queue. A job evicted `max_preemptions` times is
-not evicted again, so no job starves restarting; at most `preempt_tries` searches run a pass.
+Pre-emption (`preempt`, `fair_preempt_after_s`): see `preemption.py`.
+
+Class floor (`min_class_share`): priorities are strict except that a priority class with
+waiting jobs is guaranteed that share of the cluster (GPUs, or the `share` measure): while it
+holds less, its heads are ordered before every priority (by level within the class), and
+higher priorities may not evict its jobs below the floor; above it, strict priority holds (the
+higher class takes what it can use and pre-empts anything above the floor). It bounds a lower
+class's wait by its own demand against the floor rather than by the higher classes' peaks.
 
 Aging (`age_after_s`): a head that has waited that long is ordered as one priority higher and,
 once started, runs as that priority (only priorities above it pre-empt it: otherwise the
 priority it was lifted over would evict it a grace period later); it never lets a job pre-empt,
 and it counts in its own priority for fair share.
-
-Fair-share pre-emption (`fair_preempt_after_s`): a head that has waited that long may also
-evict jobs of its own priority from domains whose level per weight is above the one its domain
-would reach by starting it, taking each victim only while the victim's domain stays at least
-that high (no ping-pong); the most over-share domain's least costly job goes first, and with
-`fair_preempt_max_loss_s` only jobs that saved at most that long ago are taken.
 
 Reservations: a head that has waited `reserve_after_s` without fitting (a large gang that
 backfill keeps overtaking) gets nodes drained for it if its domain came first in its
@@ -54,8 +56,11 @@ from pydantic import Field
 from longhaul.config import Section
 from longhaul.runtime.scheduling.cluster import Cluster, Resources
 from longhaul.runtime.scheduling.placement import PLACEMENT, FreeView, Job
-from longhaul.runtime.scheduling.queues import preempts
+from longhaul.runtime.scheduling.preemption import Preemption
 from longhaul.runtime.scheduling.usage import Usage
+
+
+FLOOR = 1 << 30  # added to the order rank of a class below its `min_class_share`: served before every priority
 
 
 class PlacerConfig(Section):
@@ -78,10 +83,12 @@ class PlacerConfig(Section):
     max_preemptions: int | None = Field(2, ge=0)  # a job evicted this often is not evicted again (no job starves restarting); None: no cap
     age_after_s: float | None = Field(None, gt=0)  # a job waiting this long is ordered one priority higher (never for pre-emption); None: off (aging overrides the weights)
     domain_scan: int = Field(4, ge=1)  # jobs of one domain tried behind its blocked head
+    hold_for_first: bool = False  # a blocked head of the domain served first keeps its GPUs free from jobs ranked after it for the pass (non-work-conserving)
+    min_class_share: float = Field(0.0, ge=0, le=0.5)  # a priority class with waiting jobs is guaranteed this share of the GPUs (no starvation under strict priorities); 0: strict
 
 
 PRESETS = {
-    "longhaul": PlacerConfig(fair_preempt_after_s=300.0),  # the fair order alone leaks to jobs that fit behind blocked under-share heads
+    "longhaul": PlacerConfig(fair_preempt_after_s=300.0, hold_for_first=True, min_class_share=0.15),  # the fair order alone leaks to jobs that fit behind blocked under-share heads; strict priorities starve priority 0 in peaks
     "fifo": PlacerConfig(order="fifo", policy="first_fit", backfill=False, preempt=False, reserve_after_s=None),
     "fifo_backfill": PlacerConfig(order="fifo", policy="first_fit", backfill=True, preempt=False, reserve_after_s=None),
 }
@@ -100,7 +107,7 @@ class Running:
         return self.job.priority if self.priority is None else self.priority
 
 
-class Placer:
+class Placer(Preemption):
     def __init__(self, cluster: Cluster, cfg: PlacerConfig = PlacerConfig(), weights: dict[str, float] | None = None):
         self.c, self.cfg = cluster, cfg
         self.policy = PLACEMENT.get_fn(cfg.policy)
@@ -120,6 +127,7 @@ class Placer:
         self._bonus: dict = {}  # priority -> (victim runs, what evicting them frees per node, its rack summaries), until resources change
         self._failed_preempt: set = set()  # (shape, priority) that pre-emption could not place, likewise
         self.by_priority: dict[int, dict[str, Running]] = defaultdict(dict)  # running pre-emptible jobs
+        self.class_held: dict[int, float] = defaultdict(float)  # priority class -> share its running jobs hold (for `min_class_share`)
 
     # queue
     def _key(self, job: Job) -> str:
@@ -171,6 +179,7 @@ class Placer:
 
     def _hold(self, job: Job, sign: int, evictable: bool, now: float) -> None:
         (self.usage.acquire if sign > 0 else self.usage.release)(job.domain, self.charge(job), now)
+        self.class_held[job.priority] += sign * self.charge(job)
         self._bonus.clear()
         self._failed_preempt.clear()
         if evictable:
@@ -244,25 +253,40 @@ class Placer:
         for key in sorted(heap):
             first.setdefault(key[0], key[-1])
         heapq.heapify(heap)
-        tries = 0
+        tries, keep, holding = 0, 0, set()  # GPUs held free for blocked heads, and their ranks (one a rank)
         while heap and tries < cfg.scan_limit:
-            d = heapq.heappop(heap)[-1]
+            key = heapq.heappop(heap)
+            d = key[-1]
             q = self.queues[d]
+            if key[0] <= -FLOOR and not self._below_floor(q[0].priority):  # its class reached the floor this pass
+                heapq.heappush(heap, self._heap_key(d, q[0], now))
+                continue
             placed = False
             for pos, job in enumerate(list(islice(q, cfg.domain_scan if cfg.backfill else 1))):
                 if job.id in self.reserved:
                     continue
                 tries += 1
-                if self._attempt(job, now, pos == 0, log, may_reserve=first.get(self._heap_key(d, job, now)[0]) == d):
+                if keep and job.total[2] and self.c.free_total[2] - job.total[2] < keep:
+                    continue  # it would take GPUs held for a blocked head ranked before it
+                rank = self._heap_key(d, job, now)[0]
+                if self._attempt(job, now, pos == 0, log, may_reserve=first.get(rank) == d):
                     placed = True
                     break
+                if pos == 0 and cfg.hold_for_first and first.get(rank) == d and rank not in holding:
+                    holding.add(rank)
+                    keep += job.total[2]
             if placed and q:
                 heapq.heappush(heap, self._heap_key(d, q[0], now))
             elif not placed and not cfg.backfill:
                 break
 
     def _heap_key(self, d: str, head: Job, now: float) -> tuple:
-        return (-(head.priority + self._aged(head, now)), self.level(d, now), head.submitted, d)
+        rank = FLOOR + head.priority if self._below_floor(head.priority) else head.priority + self._aged(head, now)
+        return (-rank, self.level(d, now), head.submitted, d)
+
+    def _below_floor(self, priority: int, less: float = 0.0) -> bool:
+        """Whether class `priority` holds (after giving up `less`) under its `min_class_share`."""
+        return self.class_held[priority] - less < self.cfg.min_class_share - 1e-12
 
     def _aged(self, job: Job, now: float) -> int:
         """1 if `job` has waited `age_after_s` (it is ordered, and runs, one priority higher)."""
@@ -296,109 +320,6 @@ class Placer:
                 and len(self.reserved) < self.cfg.max_reservations):
             self._reserve(job)
         return False
-
-    def _candidates(self, runs: dict) -> tuple[dict, dict, tuple, tuple]:
-        """`runs`, what evicting them all frees per node, that view's rack summaries, the total."""
-        bonus: dict[int, list[int]] = {}
-        for jid in runs:
-            for i, u in self.c.holdings[jid]:
-                b = bonus.setdefault(i, [0, 0, 0])
-                for k in range(3):
-                    b[k] += u[k]
-        view = FreeView(self.c, bonus)
-        total = tuple(sum(b[k] for b in bonus.values()) for k in range(3))
-        return runs, bonus, (view.rack_max, view.rack_free), total
-
-    def _victims(self, priority: int) -> tuple:
-        """Running evictable jobs of priorities below `priority` (cached until resources change)."""
-        if priority not in self._bonus:
-            self._bonus[priority] = self._candidates(
-                {jid: r for p, runs in self.by_priority.items() if preempts(priority, p) for jid, r in runs.items()})
-        return self._bonus[priority]
-
-    def _over_share(self, job: Job, now: float) -> tuple:
-        """Running evictable jobs of `job`'s priority whose domains stand above the level
-        `job`'s domain would reach by starting it, with at most `fair_preempt_max_loss_s` of
-        unsaved work. A victim is taken only while its domain stays at or above that level
-        after losing it, so two domains never evict each other back and forth."""
-        bar, cap = self.level(job.domain, now, self.charge(job)), self.cfg.fair_preempt_max_loss_s
-        runs = {jid: r for jid, r in self.by_priority.get(job.priority, {}).items()
-                if r.job.priority == job.priority and r.job.domain != job.domain and self.level(r.job.domain, now) > bar
-                and (cap is None or self._unsaved_s(r, now) <= cap)}
-        return self._candidates(runs)
-
-    def _preempt_for(self, job: Job, now: float, log: list) -> bool:
-        """Evict for `job`: strictly lower priorities after `preempt_after_s`; with
-        `fair_preempt_after_s`, over-share domains of its own priority after that long."""
-        cfg, waited = self.cfg, now - self.waiting_since[job.id]
-        if self._preempt_left <= 0:
-            return False
-        if waited >= cfg.preempt_after_s and self._evict_for(job, now, log, "priority"):
-            return True
-        return cfg.fair_preempt_after_s is not None and waited >= cfg.fair_preempt_after_s and self._evict_for(job, now, log, "share")
-
-    def _evict_for(self, job: Job, now: float, log: list, mode: str) -> bool:
-        c = self.c
-        key = (mode, tuple(sorted(job.needs)), job.checkpoint_gb >= self.cfg.colocate_gb, job.priority,
-               round(self.level(job.domain, now, self.charge(job)), 9) if mode == "share" else None)
-        own = self.reserved.get(job.id, set())
-        if key in self._failed_preempt and not own:
-            return False
-        runs, bonus, summaries, total = self._victims(job.priority) if mode == "priority" else self._over_share(job, now)
-        nodes = None
-        if runs and all(t <= f + e for t, f, e in zip(job.total, c.free_total, total)):
-            self._preempt_left -= 1
-            nodes = self.policy(FreeView(c, bonus, self.node_reserved.keys() - own, summaries), job, self.cfg)
-        chosen = self._plan_victims(job, nodes, runs, now, mode) if nodes is not None else None
-        if chosen is None:
-            if not own:
-                self._failed_preempt.add(key)
-            return False
-        for victim in chosen:
-            self.release(victim.job.id, now)
-            self._requeue(victim.job, now)
-            self.preemptions += 1
-            self.evictions[victim.job.id] += 1
-            log.append(("preempt", victim))
-        log.append(("start", self._start(job, nodes, now)))
-        return True
-
-    def _plan_victims(self, job: Job, nodes: list[int], runs: dict, now: float, mode: str) -> list[Running] | None:
-        """The victims that make `job` fit on `nodes`, chosen node by node (lowest priority, or
-        most over-share domain, first; then the least work lost); None if they do not suffice.
-        Nothing is evicted here."""
-        c, need, freed = self.c, {}, defaultdict(lambda: [0, 0, 0])
-        for i, u in zip(nodes, job.needs):
-            acc = need.setdefault(i, [0, 0, 0])
-            for k in range(3):
-                acc[k] += u[k]
-        freed_share: dict[str, float] = defaultdict(float)  # domain -> share its chosen victims hold
-        bar = self.level(job.domain, now, self.charge(job))
-        chosen: dict[str, Running] = {}
-        for i, u in need.items():
-            order = sorted((runs[jid] for jid in c.node_jobs[i] if jid in runs and jid not in chosen),
-                           key=lambda r: ((r.rank,) if mode == "priority" else (-self.level(r.job.domain, now),))
-                           + (self._loss(r, now), r.job.id))
-            while any(c.free[i][k] + freed[i][k] < u[k] for k in range(3)):
-                victim = next((r for r in order if r.job.id not in chosen and (
-                    mode == "priority" or self.level(r.job.domain, now, -freed_share[r.job.domain] - self.charge(r.job)) >= bar - 1e-12)), None)
-                if victim is None:
-                    return None
-                chosen[victim.job.id] = victim
-                freed_share[victim.job.domain] += self.charge(victim.job)
-                for j, held in c.holdings[victim.job.id]:
-                    for k in range(3):
-                        freed[j][k] += held[k]
-        return list(chosen.values())
-
-    def _loss(self, run: Running, now: float) -> float:
-        """What evicting `run` now throws away: its share x the time since it last saved."""
-        return self.dominant(run.job) * self._unsaved_s(run, now)
-
-    @staticmethod
-    def _unsaved_s(run: Running, now: float) -> float:
-        every, since = run.job.checkpoint_every_s, now - run.started
-        return since % every if every else since
 
     def _reserve(self, job: Job) -> None:
         """Drain, for `job`, the nodes with the most free now that could hold its units."""

@@ -1,0 +1,142 @@
+"""Pre-emption for the placer (`Placer` mixes this in): which running jobs a waiting head may
+evict, and which of them it does evict. It owns the choice of victims; the queues, the order and
+the books are `placer.py`'s.
+
+Pre-emption (`preempt`): a job that has waited `preempt_after_s` and cannot fit may evict
+running pre-emptible jobs of strictly lower priority (`queues.preempts`), only if that makes it
+fit: victims are taken node by node, lowest priority first, then the least work lost (held
+dominant share x time since they last saved, per `Job.checkpoint_every_s`), until the job's
+units fit, never taking a victim whose class would fall below its `min_class_share`. Victims
+go back to the head of their queue. A job evicted `max_preemptions` times is not evicted again,
+so no job starves restarting; at most `preempt_tries` searches run a pass.
+
+Fair-share pre-emption (`fair_preempt_after_s`): a head that has waited that long may also
+evict jobs of its own priority from domains whose level per weight is above the one its domain
+would reach by starting it, taking each victim only while the victim's domain stays at least
+that high (no ping-pong); the most over-share domain's least costly job goes first, and with
+`fair_preempt_max_loss_s` only jobs that saved at most that long ago are taken.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from longhaul.runtime.scheduling.placement import FreeView, Job
+from longhaul.runtime.scheduling.queues import preempts
+
+if TYPE_CHECKING:
+    from longhaul.runtime.scheduling.placer import Running
+
+
+class Preemption:
+    def _candidates(self, runs: dict) -> tuple[dict, dict, tuple, tuple]:
+        """`runs`, what evicting them all frees per node, that view's rack summaries, the total."""
+        bonus: dict[int, list[int]] = {}
+        for jid in runs:
+            for i, u in self.c.holdings[jid]:
+                b = bonus.setdefault(i, [0, 0, 0])
+                for k in range(3):
+                    b[k] += u[k]
+        view = FreeView(self.c, bonus)
+        total = tuple(sum(b[k] for b in bonus.values()) for k in range(3))
+        return runs, bonus, (view.rack_max, view.rack_free), total
+
+    def _victims(self, priority: int) -> tuple:
+        """Running evictable jobs of priorities below `priority` (cached until resources change)."""
+        if priority not in self._bonus:
+            self._bonus[priority] = self._candidates(
+                {jid: r for p, runs in self.by_priority.items() if preempts(priority, p) for jid, r in runs.items()})
+        return self._bonus[priority]
+
+    def _over_share(self, job: Job, now: float) -> tuple:
+        """Running evictable jobs of `job`'s priority whose domains stand above the level
+        `job`'s domain would reach by starting it, with at most `fair_preempt_max_loss_s` of
+        unsaved work. A victim is taken only while its domain stays at or above that level
+        after losing it, so two domains never evict each other back and forth."""
+        bar, cap = self.level(job.domain, now, self.charge(job)), self.cfg.fair_preempt_max_loss_s
+        runs = {jid: r for jid, r in self.by_priority.get(job.priority, {}).items()
+                if r.job.priority == job.priority and r.job.domain != job.domain and self.level(r.job.domain, now) > bar
+                and (cap is None or self._unsaved_s(r, now) <= cap)}
+        return self._candidates(runs)
+
+    def _preempt_for(self, job: Job, now: float, log: list) -> bool:
+        """Evict for `job`: strictly lower priorities after `preempt_after_s`; with
+        `fair_preempt_after_s`, over-share domains of its own priority after that long."""
+        cfg, waited = self.cfg, now - self.waiting_since[job.id]
+        if self._preempt_left <= 0:
+            return False
+        if waited >= cfg.preempt_after_s and self._evict_for(job, now, log, "priority"):
+            return True
+        return cfg.fair_preempt_after_s is not None and waited >= cfg.fair_preempt_after_s and self._evict_for(job, now, log, "share")
+
+    def _evict_for(self, job: Job, now: float, log: list, mode: str) -> bool:
+        c = self.c
+        key = (mode, tuple(sorted(job.needs)), job.checkpoint_gb >= self.cfg.colocate_gb, job.priority,
+               round(self.level(job.domain, now, self.charge(job)), 9) if mode == "share" else None)
+        own = self.reserved.get(job.id, set())
+        if key in self._failed_preempt and not own:
+            return False
+        runs, bonus, summaries, total = self._victims(job.priority) if mode == "priority" else self._over_share(job, now)
+        nodes = None
+        if runs and all(t <= f + e for t, f, e in zip(job.total, c.free_total, total)):
+            self._preempt_left -= 1
+            nodes = self.policy(FreeView(c, bonus, self.node_reserved.keys() - own, summaries), job, self.cfg)
+        chosen = self._plan_victims(job, nodes, runs, now, mode) if nodes is not None else None
+        if chosen is None:
+            if not own:
+                self._failed_preempt.add(key)
+            return False
+        for victim in chosen:
+            self.release(victim.job.id, now)
+            self._requeue(victim.job, now)
+            self.preemptions += 1
+            self.evictions[victim.job.id] += 1
+            log.append(("preempt", victim))
+        log.append(("start", self._start(job, nodes, now)))
+        return True
+
+    def _plan_victims(self, job: Job, nodes: list[int], runs: dict, now: float, mode: str) -> list[Running] | None:
+        """The victims that make `job` fit on `nodes`, chosen node by node (lowest priority, or
+        most over-share domain, first; then the least work lost); None if they do not suffice.
+        Nothing is evicted here."""
+        c, need, freed = self.c, {}, defaultdict(lambda: [0, 0, 0])
+        for i, u in zip(nodes, job.needs):
+            acc = need.setdefault(i, [0, 0, 0])
+            for k in range(3):
+                acc[k] += u[k]
+        freed_share: dict[str, float] = defaultdict(float)  # domain -> share its chosen victims hold
+        freed_class: dict[int, float] = defaultdict(float)  # priority class -> likewise
+        bar = self.level(job.domain, now, self.charge(job))
+        chosen: dict[str, Running] = {}
+        for i, u in need.items():
+            order = sorted((runs[jid] for jid in c.node_jobs[i] if jid in runs and jid not in chosen),
+                           key=lambda r: ((r.rank,) if mode == "priority" else (-self.level(r.job.domain, now),))
+                           + (self._loss(r, now), r.job.id))
+            while any(c.free[i][k] + freed[i][k] < u[k] for k in range(3)):
+                victim = next((r for r in order if r.job.id not in chosen and self._may_evict(r, mode, bar, freed_share, freed_class, now)), None)
+                if victim is None:
+                    return None
+                chosen[victim.job.id] = victim
+                freed_share[victim.job.domain] += self.charge(victim.job)
+                freed_class[victim.job.priority] += self.charge(victim.job)
+                for j, held in c.holdings[victim.job.id]:
+                    for k in range(3):
+                        freed[j][k] += held[k]
+        return list(chosen.values())
+
+    def _may_evict(self, r: Running, mode: str, bar: float, freed_share: dict, freed_class: dict, now: float) -> bool:
+        """Priority victims keep their class at its `min_class_share`; fair-share victims keep
+        their domain at or above `bar` (no ping-pong)."""
+        if mode == "priority":
+            return not self._below_floor(r.job.priority, freed_class[r.job.priority] + self.charge(r.job))
+        return self.level(r.job.domain, now, -freed_share[r.job.domain] - self.charge(r.job)) >= bar - 1e-12
+
+    def _loss(self, run: Running, now: float) -> float:
+        """What evicting `run` now throws away: its share x the time since it last saved."""
+        return self.dominant(run.job) * self._unsaved_s(run, now)
+
+    @staticmethod
+    def _unsaved_s(run: Running, now: float) -> float:
+        every, since = run.job.checkpoint_every_s, now - run.started
+        return since % every if every else since
