@@ -87,8 +87,9 @@ def _many_execs(n):
         s.exec(["true"])
         s.close()
     after = _counts()
-    # descriptors other code of this process owns may close meanwhile, never open
-    assert after["fds"] <= before["fds"] and {**after, "fds": 0} == {**before, "fds": 0}, (before, after)
+    # other tests' threads in this process (clients, servers) open and close their own descriptors
+    # meanwhile: a leak here would grow with n, so a drift of one or two is theirs
+    assert after["fds"] - before["fds"] <= 2 and {**after, "fds": 0} == {**before, "fds": 0}, (before, after)
 
 
 def test_hundreds_of_execs_leak_nothing():
