@@ -102,25 +102,35 @@ def test_partial_rollout_switches_weights_mid_generation_and_records_versions():
     assert out.token_ids[k] == ref(v1, k), "after the switch: version 1's greedy token on the same prefix"
 
 
+def _process_pool_running(tmp_path, requests: int, overrides: list[str]):
+    """A started one-worker ProcessRollouts pool with `requests` requests of 2 tasks submitted."""
+    from longhaul.models import load_policy
+    from longhaul.runtime.local import ProcessRollouts
+    from longhaul.runtime.rollout import RolloutRequest, build_family
+
+    cfg = load_config(EXAMPLE, ["runtime.mode=async", "runtime.worker_threads=1", *overrides])
+    policy, tok = load_policy("tiny-llama")
+    family = build_family(cfg)
+    tasks = family.make_split("train", 2 * requests, 1, None)
+    pool = ProcessRollouts(cfg, family, tok, policy, tmp_path)
+    try:
+        pool.start()
+        for i in range(requests):
+            pool.submit(RolloutRequest(i + 1, 0, tasks[2 * i:2 * i + 2], seed=i, min_version=0))
+    except BaseException:
+        pool.close()
+        raise
+    return cfg, pool
+
+
 def test_a_killed_process_worker_loses_no_request(tmp_path):
     """Kill the worker while it runs a request: the pool replaces it and requeues that request."""
     import os
     import signal
     import time
 
-    from longhaul.models import load_policy
-    from longhaul.runtime.local import ProcessRollouts
-    from longhaul.runtime.rollout import RolloutRequest, build_family
-
-    cfg = load_config(EXAMPLE, ["runtime.mode=async", "runtime.worker_threads=1", "rollout.max_new_tokens=16"])
-    policy, tok = load_policy("tiny-llama")
-    family = build_family(cfg)
-    tasks = family.make_split("train", 6, 1, None)
-    pool = ProcessRollouts(cfg, family, tok, policy, tmp_path)
+    cfg, pool = _process_pool_running(tmp_path, 3, ["rollout.max_new_tokens=16"])
     try:
-        pool.start()
-        for i in range(3):
-            pool.submit(RolloutRequest(i + 1, 0, tasks[2 * i:2 * i + 2], seed=i, min_version=0))
         got = {}
         killed = False
         deadline = time.monotonic() + 600
@@ -192,20 +202,8 @@ def test_a_worker_runs_admitted_requests_side_by_side_on_one_engine(tmp_path):
     generation shares the engine's batches); results still come back whole and in order of uid."""
     import time
 
-    from longhaul.models import load_policy
-    from longhaul.runtime.local import ProcessRollouts
-    from longhaul.runtime.rollout import RolloutRequest, build_family
-
-    cfg = load_config(EXAMPLE, ["runtime.mode=async", "runtime.worker_threads=1", "runtime.worker_inflight=2",
-                                "rollout.max_new_tokens=48"])
-    policy, tok = load_policy("tiny-llama")
-    family = build_family(cfg)
-    tasks = family.make_split("train", 4, 1, None)
-    pool = ProcessRollouts(cfg, family, tok, policy, tmp_path)
+    cfg, pool = _process_pool_running(tmp_path, 2, ["runtime.worker_inflight=2", "rollout.max_new_tokens=48"])
     try:
-        pool.start()
-        for i in range(2):
-            pool.submit(RolloutRequest(i + 1, 0, tasks[2 * i:2 * i + 2], seed=i, min_version=0))
         got, deadline = {}, time.monotonic() + 300
         while len(got) < 2 and time.monotonic() < deadline:
             for res in pool.poll(timeout=0.5):

@@ -17,6 +17,7 @@ on `self.inbox`. The pool's public face is what the controller calls: `submit`, 
 from __future__ import annotations
 
 import heapq
+from abc import ABC, abstractmethod
 import queue
 import threading
 import time
@@ -47,7 +48,7 @@ def worker_inflight(cfg) -> int:
     return 1 + rt.max_staleness if rt.mode == "async" else 1
 
 
-class WorkerPool:
+class WorkerPool(ABC):
     def __init__(self, cfg, n_workers: int):
         self.cfg = cfg
         self.n = n_workers
@@ -225,17 +226,22 @@ class WorkerPool:
     def training(self, busy: bool) -> None:
         """The trainer starts (True) or ends (False) an update: backends that share cores with it may adapt."""
 
+    @abstractmethod
     def load_weights(self, policy, version: int) -> None:
-        raise NotImplementedError
+        """Publish `policy` as `version` to every worker."""
 
+    @abstractmethod
     def _spawn(self, wid: int) -> None:
-        raise NotImplementedError
+        """Start worker `wid`; it puts ("ready", wid, None) in the inbox once it can serve."""
 
+    @abstractmethod
     def _send(self, wid: int, req: RolloutRequest) -> None:
-        raise NotImplementedError
+        """Hand `req` to worker `wid`."""
 
+    @abstractmethod
     def _alive(self, wid: int) -> bool:
-        raise NotImplementedError
+        """Whether worker `wid`'s process, thread or actor still runs."""
 
+    @abstractmethod
     def _kill(self, wid: int) -> None:
-        raise NotImplementedError
+        """Stop worker `wid` (a no-op when it is gone)."""

@@ -84,7 +84,8 @@ def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
         opts["memory"] = int(rt.trainer_memory_gb * 2**30)
     cls = ray.remote(**opts)(_TrainerActor)
     threads = cfg.threads or max(1, int(rt.trainer_cpus))
-    for attempt in range(rt.trainer_restarts + 1):
+    attempt = 0
+    while True:
         actor = cls.remote(threads)
         if on_start is not None:
             on_start(actor)
@@ -97,7 +98,7 @@ def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
                 raise LonghaulError(f"the trainer actor died {attempt + 1} time(s), last: {why}; see the Ray logs "
                                     f"(/tmp/ray/session_latest/logs) or raise runtime.trainer_restarts") from None
             console.print(f"[yellow]the trainer actor died ({why}); a new one resumes from the last checkpoint[/]")
-            resume = True
+            resume, attempt = True, attempt + 1
         except ray.exceptions.RayTaskError as e:  # the run itself failed: its own error, as in-process
             cause = getattr(e, "cause", None)
             if isinstance(cause, LonghaulError):
@@ -108,7 +109,6 @@ def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
                 ray.kill(actor)
             except Exception:
                 pass
-    raise AssertionError("unreachable")
 
 
 class _RolloutActor:
