@@ -166,6 +166,11 @@ class RuntimeConfig(Section):
     trainer_gpus: float = Field(0.0, ge=0)  # ray: GPUs the trainer actor asks for
     trainer_memory_gb: float | None = Field(None, gt=0)  # ray: memory the trainer actor asks for (None: no request)
     trainer_restarts: int = Field(2, ge=0)  # ray: a trainer actor that dies is replaced this many times, resuming from its last checkpoint
+    # ray: sandbox-pool actors that score replies and host agent episodes' environments for the rollout actors
+    # (rollout actor k uses pool k mod N); 0: each rollout worker scores in its own process
+    sandbox_pools: int = Field(0, ge=0)
+    sandbox_cpus: float = Field(1.0, gt=0)  # ray: CPUs a sandbox-pool actor asks for
+    sandbox_memory_gb: float | None = Field(None, gt=0)  # ray: memory a sandbox-pool actor asks for (None: no request)
 
 
 class DomainConfig(Section):

@@ -39,7 +39,9 @@ def ray_cluster(tmp_path):
         subprocess.run([exe, "stop", "--force"], capture_output=True, env=env, timeout=120)
 
 
-def test_tiny_grpo_on_a_ray_cluster_survives_a_killed_rollout_actor(tmp_path, ray_cluster, monkeypatch):
+@pytest.fixture()
+def rollout_pools(monkeypatch):
+    """The RayRollouts a run creates, as they are created."""
     pools = []
     real_init = ray_backend.RayRollouts.__init__
 
@@ -48,30 +50,32 @@ def test_tiny_grpo_on_a_ray_cluster_survives_a_killed_rollout_actor(tmp_path, ra
         pools.append(self)
 
     monkeypatch.setattr(ray_backend.RayRollouts, "__init__", spy)
-    killed = {}
+    return pools
 
-    def killer():
+
+def _kill_when(find_pid, killed: dict) -> None:
+    """In a thread: SIGKILL the process `find_pid()` names as soon as it names one (within 240 s)."""
+    def loop():
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            if pools and pools[0]._running:  # a request is in flight on the actor: kill its process
-                pids = pools[0].actor_pids()
-                wid = next(iter(pools[0]._running.values()))[0]
-                if wid in pids:
-                    os.kill(pids[wid], signal.SIGKILL)
-                    killed["pid"] = pids[wid]
-                    return
+            pid = find_pid()
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                killed["pid"] = pid
+                return
             time.sleep(0.05)
 
-    threading.Thread(target=killer, daemon=True).start()
+    threading.Thread(target=loop, daemon=True).start()
+
+
+def _six_async_steps_on_ray(tmp_path, *extra) -> tuple:
     cfg = load_config(EXAMPLE, [f"output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false", "eval.before_after=false",
                                 "train.steps=6", "runtime.mode=async", "runtime.backend=ray", "runtime.address=auto",
-                                "runtime.max_staleness=1", "runtime.worker_threads=1"])
+                                "runtime.max_staleness=1", "runtime.worker_threads=1", *extra])
     run_training(cfg)
     run = tmp_path / "tiny_grpo"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert killed, "the test never caught a request in flight"
     assert [r["step"] for r in rows] == list(range(1, 7))
-    assert rows[-1]["rollout/worker_restarts"] >= 1 and rows[-1]["rollout/requeued_requests"] >= 1
     log = [json.loads(line) for line in (run / "buffer.jsonl").read_text().splitlines()]
     submitted = {r["uid"] for r in log if r["op"] == "submit"}
     put = {r["uid"] for r in log if r["op"] == "put"}
@@ -79,6 +83,45 @@ def test_tiny_grpo_on_a_ray_cluster_survives_a_killed_rollout_actor(tmp_path, ra
     assert {u.split("/")[0] for u in put} == submitted, "every request's groups arrived"
     assert len(taken) == len(set(taken)) == 6 * cfg.rollout.prompts_per_step
     assert all(not r.get("group") or all(t["info"].get("ended") != "infra_error" for t in r["group"]) for r in log if r["op"] == "put")
+    return cfg, rows
+
+
+def test_tiny_grpo_on_a_ray_cluster_survives_a_killed_rollout_actor(tmp_path, ray_cluster, rollout_pools):
+    def busy_actor():  # a request is in flight on an actor: its process
+        pools = rollout_pools
+        if pools and pools[0]._running:
+            pids = pools[0].actor_pids()
+            return pids.get(next(iter(pools[0]._running.values()))[0])
+        return None
+
+    killed = {}
+    _kill_when(busy_actor, killed)
+    _, rows = _six_async_steps_on_ray(tmp_path)
+    assert killed, "the test never caught a request in flight"
+    assert rows[-1]["rollout/worker_restarts"] >= 1 and rows[-1]["rollout/requeued_requests"] >= 1
+
+
+def test_scoring_in_a_sandbox_pool_actor_survives_the_pool_being_killed(tmp_path, ray_cluster, rollout_pools):
+    def scoring_pool():  # once the pool has scored, while requests are in flight: its process
+        pools = rollout_pools
+        if pools and pools[0]._running and ray.get(pools[0].sandbox_pools[0].stats.remote())["scored"] > 0:
+            return ray.get(pools[0].sandbox_pools[0].pid.remote())
+        return None
+
+    killed = {}
+    _kill_when(scoring_pool, killed)
+    _, rows = _six_async_steps_on_ray(tmp_path, "runtime.sandbox_pools=1", "runtime.sandbox_cpus=0.5")
+    assert killed, "the test never caught the pool with requests in flight"
+    assert rows[-1]["sandbox/pools_answering"] == 1 and rows[-1]["sandbox/scored"] > 0, "the restarted pool scores"
+    assert rows[-1]["rollout/worker_restarts"] == 0, "a dead sandbox pool does not cost the rollout actor"
+
+
+def test_sandbox_pools_need_async_on_ray(tmp_path):
+    from longhaul.errors import LonghaulError
+
+    cfg = load_config(EXAMPLE, [f"output_dir={tmp_path}", "runtime.sandbox_pools=1"])
+    with pytest.raises(LonghaulError, match="sandbox_pools=1 needs runtime.backend=ray and runtime.mode=async"):
+        run_training(cfg)
 
 
 def test_a_killed_trainer_actor_is_replaced_and_the_run_resumes_from_its_checkpoint(tmp_path, ray_cluster):

@@ -114,7 +114,7 @@ def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
 class _RolloutActor:
     """Runs in the actor's process: one RolloutWorker."""
 
-    def __init__(self, cfg_json: str, wid: int, threads: int | None):
+    def __init__(self, cfg_json: str, wid: int, threads: int | None, sandbox_pool=None):
         import torch
 
         from longhaul.config import RunConfig
@@ -124,6 +124,10 @@ class _RolloutActor:
             torch.set_num_threads(threads)
         self.cfg = RunConfig.model_validate_json(cfg_json)
         self.worker = worker_from_config(self.cfg, f"ray-{wid}")
+        if sandbox_pool is not None:
+            from longhaul.runtime.sandbox_pool import PoolLink
+
+            self.worker.use_sandbox_pool(PoolLink(sandbox_pool))
         self._cond = threading.Condition()
 
     def pid(self) -> int:
@@ -161,6 +165,9 @@ class RayRollouts(WorkerPool):
         self.sync = SyncStats()
         self._weights = None  # (object ref, version) of the newest publish
         self._publish(policy, 0)
+        from longhaul.runtime.sandbox_pool import start_pools
+
+        self.sandbox_pools = start_pools(ray, cfg)  # [] unless runtime.sandbox_pools: scoring stays in the rollout actors
 
     def _publish(self, policy, version: int) -> None:
         from longhaul.runtime.weights import _cast
@@ -179,7 +186,8 @@ class RayRollouts(WorkerPool):
                     actor.load_weights.remote(ref, v)
 
     def _spawn(self, wid: int) -> None:
-        actor = self._cls.remote(self._cfg_json, wid, self.cfg.runtime.worker_threads)
+        pools = self.sandbox_pools
+        actor = self._cls.remote(self._cfg_json, wid, self.cfg.runtime.worker_threads, pools[wid % len(pools)] if pools else None)
         self._actors[wid] = actor
         ref, v = self._weights
         ready = actor.load_weights.remote(ref, v)
@@ -214,6 +222,28 @@ class RayRollouts(WorkerPool):
                 self.ray.kill(actor)
             except Exception:
                 pass
+
+    def stats(self) -> dict:
+        out = super().stats()
+        if self.sandbox_pools:
+            got = []
+            for p in self.sandbox_pools:
+                try:
+                    got.append(self.ray.get(p.stats.remote(), timeout=10))
+                except Exception:  # restarting after a death: its counts start again
+                    pass
+            out.update({"sandbox/scored": sum(g["scored"] for g in got), "sandbox/episodes": sum(g["episodes"] for g in got),
+                        "sandbox/open_envs": sum(g["open_envs"] for g in got), "sandbox/pools_answering": len(got)})
+        return out
+
+    def close(self) -> None:
+        super().close()
+        for p in self.sandbox_pools:
+            try:
+                self.ray.kill(p)
+            except Exception:
+                pass
+        self.sandbox_pools = []
 
     def actor_pids(self) -> dict[int, int]:
         with self._lock:

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from longhaul.agent.rollout import rollout_groups
+from longhaul.errors import LonghaulError
 from longhaul.inference import LLMEngine, SamplingParams
 from longhaul.types import Trajectory
 
@@ -133,6 +134,13 @@ class RolloutWorker:
         self._domains = None  # a joint run's per-domain families and limits, built on first use
         self._loads = 0
         self._lock = threading.Lock()
+        self._link = None  # a sandbox pool that scores and hosts environments for this worker (`sandbox_pool`)
+
+    def use_sandbox_pool(self, link) -> None:
+        """Score and run environments in the sandbox pool behind `link` (a `sandbox_pool.PoolLink`)."""
+        from longhaul.runtime.sandbox_pool import remote_family
+
+        self._link, self.family = link, remote_family(self.family, link)
 
     def load_weights(self, tensors: dict, version: int) -> None:
         """Swap in a new policy version; safe to call while `run` is generating (engine samplers)."""
@@ -149,14 +157,26 @@ class RolloutWorker:
     def run(self, req: RolloutRequest) -> RolloutResult:
         cfg = self.cfg
         started, loads0, v0 = time.time(), self._loads, self.version
-        if req.domains is None:
-            groups, timings = rollout_groups(self.sampler, self.tok, self.family, req.tasks, cfg.rollout.group_size, self.params,
-                                             seed=req.seed, version=self.version, max_turns=cfg.rollout.max_turns,
-                                             max_tokens=cfg.model.context_length, exec_timeout_s=cfg.rollout.exec_timeout_s,
-                                             exec_workers=cfg.rollout.exec_workers)
-        else:
-            groups, timings = self._run_domains(req)
+        lost0 = self._link.lost if self._link else 0
+        try:
+            if req.domains is None:
+                groups, timings = rollout_groups(self.sampler, self.tok, self.family, req.tasks, cfg.rollout.group_size, self.params,
+                                                 seed=req.seed, version=self.version, max_turns=cfg.rollout.max_turns,
+                                                 max_tokens=cfg.model.context_length, exec_timeout_s=cfg.rollout.exec_timeout_s,
+                                                 exec_workers=cfg.rollout.exec_workers)
+            else:
+                groups, timings = self._run_domains(req)
+        except Exception:
+            self._check_pool(req, lost0)
+            raise
+        self._check_pool(req, lost0)
         return RolloutResult(req.uid, req.step, req.round, groups, timings, self.name, started, time.time(), v0, self._loads - loads0)
+
+    def _check_pool(self, req: RolloutRequest, lost0: int) -> None:
+        """Fail the request when the sandbox pool died under its episodes, so it is run again
+        (as a plain error: the rollout actor itself is fine and must not be replaced)."""
+        if self._link is not None and self._link.lost_since(lost0):
+            raise LonghaulError(f"the sandbox pool died during request {req.uid}; it is requeued") from None
 
     def _run_domains(self, req: RolloutRequest) -> tuple[list, dict]:
         """A joint run's request: each domain's tasks with its family, limits and reward shaping;
@@ -164,6 +184,11 @@ class RolloutWorker:
         cfg = self.cfg
         if self._domains is None:
             self._domains = domain_runs(cfg)
+            if self._link is not None:
+                from longhaul.runtime.sandbox_pool import remote_family
+
+                self._domains = {k: replace(r, family=remote_family(r.family, self._link, k), make_env=None)
+                                 for k, r in self._domains.items()}
         by_domain: dict[str, list[int]] = {}
         for i, d in enumerate(req.domains):
             by_domain.setdefault(d, []).append(i)

@@ -154,6 +154,9 @@ def _check_runtime(cfg: RunConfig) -> None:
                             f"{rt.max_staleness} keeps in flight; raise it to >= {need} or set 0 (automatic)")
     if rt.trainers > 1 and cfg.algo.name != "grpo":
         raise LonghaulError(f"runtime.trainers={rt.trainers} (data-parallel training) supports algo.name=grpo only; set runtime.trainers=1")
+    if rt.sandbox_pools and (rt.backend != "ray" or rt.mode != "async"):
+        raise LonghaulError(f"runtime.sandbox_pools={rt.sandbox_pools} needs runtime.backend=ray and runtime.mode=async (pools are "
+                            f"Ray actors beside the rollout actors); set runtime.sandbox_pools=0 to score inside the rollout workers")
     if rt.mode == "async" and cfg.rollout.sampler != "engine":
         raise LonghaulError("runtime.mode=async needs rollout.sampler=engine (weights are swapped while generation runs)")
 
