@@ -8,7 +8,10 @@ everywhere (TRL's maths and dtype) and, where the CPU has bf16 arithmetic
 sampler, bf16 autocast with fp32 master weights); elsewhere bf16 is emulated at a fraction of
 fp32's speed and `auto` picks fp32, so that row is skipped. Both sample with longhaul's
 engine, as `longhaul train` does. Each step's generation / reference / update seconds go to
-the JSON too. TRL runs in the anchor environment built by `../shared/anchors/setup.sh`
+the JSON too, with the step's floor on this host: the reference forward (2 x params x tokens
+FLOPs) and the update (4 x: the backward; the forward is the rollout's, recorded) at the dense
+fp32 GEMM rate measured here, and decoding at the measured memory bandwidth (every decode
+step reads all weights once). No system doing the same maths on this host can beat it. TRL runs in the anchor environment built by `../shared/anchors/setup.sh`
 (WITH_VLLM=0 is enough).
 
     python benchmarks/rl_step.py [--steps 4] [--anchors ~/.cache/longhaul-anchors]
@@ -53,6 +56,31 @@ class Task:
         self.prompt = f"Write a Python function f(x) that returns x*{i}."
 
 
+def host_rates() -> dict:
+    """This host's dense fp32 GEMM rate (GFLOP/s, 2048^3) and memory read bandwidth (GB/s, a
+    256 MB sum), each the best of 5 with every torch thread."""
+    import torch
+
+    a, b, x = torch.randn(2048, 2048), torch.randn(2048, 2048), torch.ones(64 << 20)
+    def best(f):
+        f()
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            f()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+    return {"gemm_gflops": 2 * 2048**3 / best(lambda: a @ b) / 1e9, "read_gbs": x.numel() * 4 / best(x.sum) / 1e9}
+
+
+def step_floor(phase: dict, params: int, rates: dict, decode_steps: int) -> dict:
+    """Seconds a step's phases need at least on this host (see the module docstring)."""
+    tokens = phase["gen_tokens"] + phase["prompt_tokens"]  # the prompt is shared by the group (share_prompt)
+    gemm = rates["gemm_gflops"] * 1e9
+    return {"gen": decode_steps * params * 4 / (rates["read_gbs"] * 1e9), "ref": 2 * params * tokens / gemm,
+            "update": 4 * params * tokens / gemm}
+
+
 def ours(steps: int, fast: bool, phases: list[dict]) -> list[float]:
     model, tok = load_policy("smollm2-135m-instruct")
     algo = AlgoConfig(kl_coef=0.04, clip_low=0.2, clip_high=0.2, drop_zero_std_groups=False)
@@ -68,8 +96,10 @@ def ours(steps: int, fast: bool, phases: list[dict]) -> list[float]:
         m = trainer.step(groups)
         sync_weights(sampler, model, version=step + 1)
         times.append(time.perf_counter() - t0)
-        phases.append({"gen": gm["timing/gen"], "gen_tokens": gm["gen_tokens"], "ref": m["timing/ref"], "update": m["timing/update_actor"],
-                       "recorded_forward": reuse and getattr(trainer, "recorded_units", 0) == step + 1})
+        phases.append({"gen": gm["timing/gen"], "gen_tokens": gm["gen_tokens"], "prompt_tokens": len(groups[0][0].turns[0].prompt_ids),
+                       "ref": m["timing/ref"], "update": m["timing/update_actor"],
+                       "recorded_forward": reuse and getattr(trainer, "recorded_units", 0) == step + 1,
+                       "params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())})
         print(f"longhaul ({'bf16' if fast else 'fp32'}) step {step + 1}: {times[-1]:.1f}s  "
               + " ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in phases[-1].items()), file=sys.stderr, flush=True)
     return times
@@ -104,14 +134,25 @@ def main():
     # the first step pays one-off warm-up in both systems; report the median of the rest
     med = {k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in runs.items()}
     anchor = med["TRL GRPOTrainer 1.x, fp32 (anchor)"]
+    rates = host_rates()
+    fp32 = phases["longhaul GRPO, fp32"]
+    floors = [step_floor(ph, ph["params"], rates, decode_steps=128) for ph in fp32]
+    floor = {k: statistics.median(f[k] for f in floors[1:] or floors) for k in ("gen", "ref", "update")}
+    measured = {k: statistics.median(ph[k] for ph in fp32[1:] or fp32) for k in ("gen", "ref", "update")}
+    med["floor: same maths at this host's peak"] = sum(floor.values())
     print(f"{'system':42s} {'s/step (median)':>16s} {'speed-up':>9s}")
     for k, v in med.items():
         print(f"{k:42s} {v:16.1f} {anchor / v:8.2f}x")
+    print(f"host: fp32 GEMM {rates['gemm_gflops']:.0f} GFLOP/s, memory read {rates['read_gbs']:.1f} GB/s")
+    print(f"{'phase':8s} {'longhaul s':>11s} {'floor s':>8s} {'of floor':>9s}")
+    for k in floor:
+        print(f"{k:8s} {measured[k]:11.1f} {floor[k]:8.1f} {floor[k] / measured[k]:8.0%}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"steps": args.steps, "seconds_per_step": runs, "phases": phases, "median_after_first": med,
-                               "speedup_vs_trl": {k: anchor / v for k, v in med.items()}}, indent=2))
+                               "speedup_vs_trl": {k: anchor / v for k, v in med.items()},
+                               "floor": {"host": rates, "phases_s": floor, "longhaul_phases_s": measured}}, indent=2))
     os.replace(tmp, out)
 
 
