@@ -158,6 +158,9 @@ class RuntimeConfig(Section):
     # requests one worker runs at once, sharing its engine's batches; None: 1 + max_staleness (async), 1 (sync)
     worker_inflight: int | None = Field(None, ge=1)
     trainers: int = Field(1, ge=1)  # data-parallel trainer processes (torch.distributed: gloo on CPU, NCCL on GPU)
+    # how trainers > 1 sync: ddp (DistributedDataParallel, full replicas) or fsdp2 (fully_shard: gradients and
+    # optimizer state sharded over the trainers; rank 0 still keeps full weights for the rollouts)
+    data_parallel: Literal["ddp", "fsdp2"] = "ddp"
     address: str | None = None  # ray: "auto" joins a running cluster (`ray start --head`); None starts a local one
     worker_cpus: float = Field(1.0, gt=0)  # ray: CPUs a rollout actor asks for
     worker_memory_gb: float | None = Field(None, gt=0)  # ray: memory a rollout actor asks for (None: no request)

@@ -1,30 +1,68 @@
-"""Data-parallel training over torch.distributed (gloo on CPU, NCCL on GPU).
+"""Data-parallel training over torch.distributed (gloo on CPU, NCCL on GPU), through torch's
+`DistributedDataParallel` (`ddp`, the default) or FSDP2's `fully_shard` (`fsdp2`).
 
-Each rank holds a full replica of the policy, the same optimizer state and a shard of the
-batch (whole groups, so group baselines stay exact). A trainer asks `DataParallel` for the
-batch-wide normalisers (token and sequence counts summed over ranks) so every rank's loss is
-already its share of the global mean, then sums the gradients over ranks bucket by bucket,
-exactly as DDP's reducer does, and takes the same clipped optimizer step everywhere. The
-update therefore equals one process's update on the whole batch (to float rounding; tested
-within 1e-5), and replicas never drift.
+Each rank holds a shard of the batch (whole groups, so group baselines stay exact). A trainer asks
+for the batch-wide normalisers (`sum`, `max` over ranks), so every rank's loss is already its share
+of the global mean; the gradient reduction therefore sums over ranks (DDP: a comm hook; FSDP2: a
+divide factor of 1) instead of averaging. One optimizer step on the summed, clipped gradient is then
+one process's step on the whole batch (to float rounding; tested within 1e-5).
+
+A trainer's training forward goes through `forward(fn, ...)`, which runs `fn(policy, ...)` inside
+the wrapped module's `__call__`, where DDP and FSDP2 hook in (the packed forward calls the layers
+directly, never `policy(...)`). A micro-batch loop puts every backward but the last in
+`accumulate()` (DDP's `no_sync`), so each rank syncs once a step; a rank without data still joins
+that backward with `join()`, a zero-weighted loss on the trainable parameters.
+
+DDP wraps the policy itself, so checkpoints and weight sync read it as before. FSDP2 shards a
+copy (one unit: the trainer's forward does not call the layers' hooks) and `publish` copies the
+gathered weights into the plain policy after every step, so rank 0 keeps the full weights the
+rollout engines and checkpoints need; what it saves is the gradients' and the optimizer state's
+memory, sharded over ranks.
 
 Not owned here: starting the processes (`runtime.trainers`), which rank samples (rank 0's
-rollout workers serve them all).
+rollout workers serve them all), the loss (`rl.grpo`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import warnings
+
 import torch
 import torch.distributed as dist
+from torch import nn
 
-BUCKET_BYTES = 25 << 20  # DDP's default bucket size
+from longhaul.rl.registry import Registry
+
+DATA_PARALLEL = Registry("data-parallel strategy")
+
+
+class Forward(nn.Module):
+    """`fn(policy, *args)` as a module's forward, so a wrapper's hooks around `__call__` fire."""
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, fn, *args, **kwargs):
+        return fn(self.policy, *args, **kwargs)
+
+
+def _zero_loss(policy: nn.Module) -> torch.Tensor:
+    """0 x the sum of the trainable parameters: every one gets an exact zero gradient."""
+    return sum(p.sum() for p in policy.parameters() if p.requires_grad) * 0.0
 
 
 class DataParallel:
+    """One rank's view of a data-parallel step. Subclasses wrap the policy (`wrap`, once, before
+    the optimizer is built over `parameters()`), skip the sync while accumulating, and publish."""
+
     def __init__(self, group=None):
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
+        self.module: nn.Module | None = None
 
     def sum(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64)
@@ -36,30 +74,103 @@ class DataParallel:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return float(t.item())
 
-    def allreduce_grads(self, params) -> None:
-        """Sum every trainable parameter's gradient over ranks (a rank that had no data sends zeros)."""
-        params = [p for p in params if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        bucket, size = [], 0
-        for p in params:
-            bucket.append(p)
-            size += p.grad.numel() * p.grad.element_size()
-            if size >= BUCKET_BYTES:
-                self._reduce(bucket)
-                bucket, size = [], 0
-        if bucket:
-            self._reduce(bucket)
+    def forward(self, fn, *args, **kwargs):
+        """`fn(policy, *args, **kwargs)` through the wrapped module (its gradients then sync)."""
+        return self.module(fn, *args, **kwargs)
 
-    def _reduce(self, bucket) -> None:
-        flat = torch.cat([p.grad.reshape(-1) for p in bucket])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
-        offset = 0
-        for p in bucket:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-            offset += n
+    def join(self) -> None:
+        """The backward of a rank with nothing to train: zero gradients, the same sync as the others."""
+        self.forward(_zero_loss).backward()
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def wrap(self, policy: nn.Module) -> None:
+        raise NotImplementedError
+
+    def accumulate(self):
+        """Context for a micro-batch's forward and backward that must not sync yet."""
+        raise NotImplementedError
+
+    def publish(self, policy: nn.Module) -> None:
+        """After the optimizer step: make `policy` hold the trained weights."""
+
+    def optimizer_state_dict(self, optimizer) -> dict:
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, optimizer, state: dict, policy: nn.Module) -> None:
+        """Load a saved optimizer state; `policy` holds the checkpoint's weights already."""
+        optimizer.load_state_dict(state)
+
+
+def _sum_hook(group, bucket):
+    """DDP comm hook: the plain sum of a gradient bucket over ranks (the default averages)."""
+    work = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.SUM, group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+@DATA_PARALLEL.register("ddp")
+class DDP(DataParallel):
+    """Full replicas; gradients all-reduced bucket by bucket, overlapped with the backward."""
+
+    def wrap(self, policy: nn.Module) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # no buffer sync in the forward: buffers (rotary tables) never change, and syncing them in every
+        # forward would make ranks with different micro-batch counts wait on each other
+        self.module = DistributedDataParallel(Forward(policy), process_group=self.group, forward_sync_buffers=False)
+        self.module.register_comm_hook(self.group, _sum_hook)
+
+    def accumulate(self):
+        return self.module.no_sync()
+
+
+@DATA_PARALLEL.register("fsdp2")
+class FSDP2(DataParallel):
+    """Parameters, gradients and optimizer state sharded over ranks (`fully_shard`, one unit)."""
+
+    def wrap(self, policy: nn.Module) -> None:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        device = next(policy.parameters()).device.type
+        mesh = DeviceMesh.from_group(self.group or dist.group.WORLD, device)
+        self.module = fully_shard(Forward(copy.deepcopy(policy)), mesh=mesh)
+        # a sum, not a mean; and SUM on the wire, since gloo has neither AVG nor PREMUL_SUM
+        self.module.set_gradient_divide_factor(1.0)
+        self.module.set_force_sum_reduction_for_comms(True)
+        # the log-probs come back as views; the trainer never changes them in place, which is what this warns about
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPForward\) returned a view tensor")
+
+    @contextlib.contextmanager
+    def accumulate(self):
+        # no reduce-scatter, and the gathered parameters are kept: the next forward needs no all-gather, so
+        # ranks with different micro-batch counts run different numbers of forwards without waiting on each other
+        self.module.set_requires_gradient_sync(False)
+        self.module.set_reshard_after_backward(False)
+        try:
+            yield
+        finally:
+            self.module.set_requires_gradient_sync(True)
+            self.module.set_reshard_after_backward(True)
+
+    def publish(self, policy: nn.Module) -> None:
+        with torch.no_grad():
+            for mine, full in zip(policy.parameters(), self.module.policy.parameters()):
+                if mine.requires_grad:
+                    mine.copy_(full.full_tensor())  # every rank gathers: full_tensor is a collective
+
+    def optimizer_state_dict(self, optimizer) -> dict:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.module, optimizer, options=StateDictOptions(full_state_dict=True))
+
+    def load_optimizer_state_dict(self, optimizer, state: dict, policy: nn.Module) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+        full = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.module, {f"policy.{k}": v for k, v in policy.state_dict().items()}, options=full)
+        set_optimizer_state_dict(self.module, optimizer, state, options=full)
 
 
 def shard(items: list, world: int) -> list[list]:

@@ -11,6 +11,7 @@ up by name in `advantages` / `losses`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 
@@ -62,7 +63,8 @@ class GRPOTrainer(OptimizerState):
     def __init__(self, policy, pad_id: int, algo: AlgoConfig, train: TrainConfig, temperature: float = 1.0, max_new_tokens: int = 128,
                  dp=None):
         """dp: a `distributed.DataParallel` when this is one rank of data-parallel training: `step`
-        then gets this rank's groups, and counts, gradients and metrics are summed over ranks."""
+        then gets this rank's groups, counts and metrics are summed over ranks, and the policy's
+        training forward and gradients go through dp's DDP or FSDP2 wrapper."""
         self.policy, self.pad_id, self.algo, self.train_cfg, self.temperature = policy, pad_id, algo, train, temperature
         self.max_new_tokens, self.dp = max_new_tokens, dp
         self.advantage_fn = ADVANTAGES.get_fn(algo.advantage)
@@ -70,7 +72,21 @@ class GRPOTrainer(OptimizerState):
         self.kl_fn = KL_ESTIMATORS.get_fn(algo.kl_estimator)
         # With kl_coef 0 no reference model is built at all (saves its memory and forward).
         self.ref = frozen_copy(policy) if algo.kl_coef > 0 else None
-        self.optimizer, self.scheduler = make_optimizer(policy.parameters(), train)
+        if dp is not None:
+            dp.wrap(policy)  # before the optimizer: FSDP2's optimizer steps the sharded parameters
+        self.params = list(policy.parameters() if dp is None else dp.parameters())
+        self.optimizer, self.scheduler = make_optimizer(self.params, train)
+
+    def state_dict(self) -> dict:
+        if self.dp is None:
+            return super().state_dict()
+        return {"optimizer": self.dp.optimizer_state_dict(self.optimizer), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.dp is None:
+            return super().load_state_dict(state)
+        self.dp.load_optimizer_state_dict(self.optimizer, state["optimizer"], self.policy)
+        self.scheduler.load_state_dict(state["scheduler"])
 
     def _total(self, values: list[float]) -> list[float]:
         return values if self.dp is None else self.dp.sum(values)
@@ -81,6 +97,8 @@ class GRPOTrainer(OptimizerState):
         A trajectory that ended in an infra error is neither scored nor trained on: its reward is
         replaced by its group's mean of the others (the group mean stays put) and it is dropped. A
         multi-turn trajectory contributes one sequence per segment, each with its advantage."""
+        if not groups:  # a data-parallel rank's empty shard (fewer groups than ranks)
+            return torch.zeros(0, 0), torch.zeros(0), [], [], []
         infra = [[t.info.get("ended") == "infra_error" for t in g] for g in groups]
         rewards = torch.tensor([[t.reward for t in g] for g in groups], dtype=torch.float32)  # (G, N)
         for i, flags in enumerate(infra):
@@ -169,6 +187,17 @@ class GRPOTrainer(OptimizerState):
         return completion_logprobs(model, [pairs[i] for i in idx], self.pad_id, self.temperature, ac, with_entropy, entropy_grad,
                                    fast=True)  # the packed forward and fused head (`logprobs`), equal to HF's to rounding
 
+    def _policy_logprobs(self, pairs, idx: list[int]):
+        """The policy's training forward; under data parallel through dp's wrapper, whose hooks sync its gradients."""
+        entropy_grad = self.algo.entropy_coef > 0
+        if self.dp is None:
+            return self._logprobs(self.policy, pairs, idx, True, entropy_grad)
+        return self.dp.forward(self._logprobs, pairs, idx, True, entropy_grad)
+
+    def _accumulating(self, last: bool):
+        """Every micro-batch's backward but the last only accumulates: data parallel syncs once a step."""
+        return contextlib.nullcontext() if self.dp is None or last else self.dp.accumulate()
+
     def step(self, groups: list[list[Trajectory]]) -> dict:
         """One optimizer step on a batch of prompt groups; returns TRL/verl-named metrics."""
         t0 = time.perf_counter()
@@ -206,36 +235,40 @@ class GRPOTrainer(OptimizerState):
                     ref_logps.append(self._logprobs(self.ref, pairs, idx)[0])
         t_ref = time.perf_counter() - t_ref
 
-        self.policy.train()
+        (self.policy if self.dp is None else self.dp.module).train()
         sums = {"kl": 0.0, "entropy": 0.0, "low": 0.0, "high": 0.0, "loss": 0.0, "gap": 0.0}
         for k, idx in enumerate(chunks):
-            logp, mask, ent = self._logprobs(self.policy, pairs, idx, with_entropy=True, entropy_grad=self.algo.entropy_coef > 0)
-            mask = mask * padded_rows([env_masks[i] for i in idx], mask)
-            ent = ent * mask
-            old = logp.detach()  # single update per batch: the old policy is the current one
-            beh = padded_rows([behaviour[i] for i in idx], old)  # the sampler's log-probs, (B, T)
-            tok_loss, clip = self.loss_fn(logp, old, padded_rows([advs[i] for i in idx], old), clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
-                                          clip_c=self.algo.dual_clip_c, mask=mask)
-            if (w := off_policy_weight(self.algo.off_policy, old, beh, self.algo.tis_cap)) is not None:
-                tok_loss = tok_loss * w
-            if self.algo.entropy_coef > 0:
-                tok_loss = tok_loss + entropy_bonus(ent, self.algo.entropy_coef)
-                ent = ent.detach()
-            if self.ref is not None:
-                kl_tok = self.kl_fn(logp, ref_logps[k])
-                tok_loss = tok_loss + self.algo.kl_coef * kl_tok
-                sums["kl"] += (kl_tok.detach() * mask).sum().item()
-            loss = aggregate(tok_loss, mask, self.algo.aggregation, n_tok, n_seq, max_len)
-            loss.backward()
-            sums["loss"] += loss.item()
-            sums["entropy"] += ent.sum().item()
-            sums["low"] += (clip["low"] * mask).sum().item()
-            sums["high"] += (clip["high"] * mask).sum().item()
-            sums["gap"] += ((old - beh).abs() * mask).sum().item()
+            with self._accumulating(last=k == len(chunks) - 1):
+                logp, mask, ent = self._policy_logprobs(pairs, idx)
+                mask = mask * padded_rows([env_masks[i] for i in idx], mask)
+                ent = ent * mask
+                old = logp.detach()  # single update per batch: the old policy is the current one
+                beh = padded_rows([behaviour[i] for i in idx], old)  # the sampler's log-probs, (B, T)
+                tok_loss, clip = self.loss_fn(logp, old, padded_rows([advs[i] for i in idx], old), clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
+                                              clip_c=self.algo.dual_clip_c, mask=mask)
+                if (w := off_policy_weight(self.algo.off_policy, old, beh, self.algo.tis_cap)) is not None:
+                    tok_loss = tok_loss * w
+                if self.algo.entropy_coef > 0:
+                    tok_loss = tok_loss + entropy_bonus(ent, self.algo.entropy_coef)
+                    ent = ent.detach()
+                if self.ref is not None:
+                    kl_tok = self.kl_fn(logp, ref_logps[k])
+                    tok_loss = tok_loss + self.algo.kl_coef * kl_tok
+                    sums["kl"] += (kl_tok.detach() * mask).sum().item()
+                loss = aggregate(tok_loss, mask, self.algo.aggregation, n_tok, n_seq, max_len)
+                loss.backward()
+                sums["loss"] += loss.item()
+                sums["entropy"] += ent.sum().item()
+                sums["low"] += (clip["low"] * mask).sum().item()
+                sums["high"] += (clip["high"] * mask).sum().item()
+                sums["gap"] += ((old - beh).abs() * mask).sum().item()
         if self.dp is not None:
-            self.dp.allreduce_grads(self.policy.parameters())
+            if not chunks:  # nothing to train on this rank; it still joins the gradient sync
+                self.dp.join()
             sums = dict(zip(sums, self.dp.sum(list(sums.values()))))
-        grad_norm = clip_and_step(self.policy.parameters(), self.optimizer, self.scheduler, self.train_cfg.grad_clip, sums["loss"])
+        grad_norm = clip_and_step(self.params, self.optimizer, self.scheduler, self.train_cfg.grad_clip, sums["loss"])
+        if self.dp is not None:
+            self.dp.publish(self.policy)
         m.update({
             "kl": sums["kl"] / n_tok, "entropy": sums["entropy"] / n_tok, "loss": sums["loss"],
             "clip_ratio/low_mean": sums["low"] / n_tok, "clip_ratio/high_mean": sums["high"] / n_tok,

@@ -4,9 +4,11 @@ trainer with the usual `step` / `state_dict` / `load_state_dict`.
 
 Rank 0 (this process) keeps the rollouts, the logging and the checkpoints. Each step it splits
 the batch's groups into N contiguous shards (`rl.distributed.shard`) and scatters them; every
-rank takes the same step on its shard (`GRPOTrainer` with a `DataParallel` sums counts and
-gradients over ranks), so the replicas stay identical and rank 0's weights are the run's. A
-follower that was started for a resumed run loads the same checkpoint first.
+rank takes the same step on its shard (`GRPOTrainer` with the `runtime.data_parallel` strategy,
+DDP or FSDP2, sums counts and gradients over ranks), so rank 0's weights are the run's. Saving
+the trainer's state is a collective too (FSDP2 gathers the sharded optimizer state), so rank 0
+scatters a request for it and every rank answers. A follower that was started for a resumed run
+loads the same checkpoint first.
 
 Not owned here: the maths of the sharded step (`rl.grpo`, `rl.distributed`).
 """
@@ -48,9 +50,17 @@ def _build(cfg, dp, ckpt: str | None):
     return trainer
 
 
+STATE = "state_dict"  # rank 0's request that every rank take part in `state_dict`
+
+
+def _strategy(cfg):
+    from longhaul.rl.distributed import DATA_PARALLEL
+
+    return DATA_PARALLEL.get_fn(cfg.runtime.data_parallel)()
+
+
 def _follower(cfg_json: str, rank: int, world: int, init: str, ckpt: str | None, threads: int | None) -> None:
     from longhaul.config import RunConfig
-    from longhaul.rl.distributed import DataParallel
 
     if threads:
         torch.set_num_threads(threads)
@@ -58,13 +68,16 @@ def _follower(cfg_json: str, rank: int, world: int, init: str, ckpt: str | None,
     torch.manual_seed(cfg.seed)
     _init(rank, world, init)
     try:
-        trainer = _build(cfg, DataParallel(), ckpt)
+        trainer = _build(cfg, _strategy(cfg), ckpt)
         while True:
             box = [None]
             dist.scatter_object_list(box, None, src=0)
             if box[0] is None:
                 break
-            trainer.step(box[0])
+            if box[0] == STATE:
+                trainer.state_dict()
+            else:
+                trainer.step(box[0])
     finally:
         dist.destroy_process_group()
 
@@ -75,7 +88,6 @@ class ShardedTrainer:
     def __init__(self, cfg, policy, tok, ckpt: Path | None = None):
         import torch.multiprocessing as mp
 
-        from longhaul.rl.distributed import DataParallel
         from longhaul.rl.grpo import GRPOTrainer
 
         self.world = cfg.runtime.trainers
@@ -90,19 +102,22 @@ class ShardedTrainer:
             p.start()
         _init(0, self.world, init)
         self.inner = GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
-                                 dp=DataParallel())
+                                 dp=_strategy(cfg))
 
-    def step(self, groups: list) -> dict:
-        from longhaul.rl.distributed import shard
-
-        parts = shard(groups, self.world)
+    def _scatter(self, parts: list):
         if any(not p.is_alive() for p in self.procs):
             raise LonghaulError("a data-parallel trainer process died; see its error above, then --resume from the last checkpoint")
         box = [None]
         dist.scatter_object_list(box, parts, src=0)
-        return self.inner.step(box[0])
+        return box[0]
+
+    def step(self, groups: list) -> dict:
+        from longhaul.rl.distributed import shard
+
+        return self.inner.step(self._scatter(shard(groups, self.world)))
 
     def state_dict(self) -> dict:
+        self._scatter([STATE] * self.world)
         return self.inner.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
