@@ -123,11 +123,12 @@ def test_two_gloo_ranks_equal_one_process_with_the_whole_batch(tmp_path, strateg
     assert ref_metrics[1]["frac_reward_zero_std"] == 0.5
 
 
-def test_lora_under_ddp_equals_one_process(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_lora_data_parallel_equals_one_process(tmp_path, strategy):
     single = _trainer(lora=True)
     start = {k: v.clone() for k, v in single.policy.state_dict().items()}
     ref_metrics = [single.step(groups) for groups in _batches()[:2]]
-    metrics, state = _two_ranks(tmp_path, "ddp", lora=True, batches=_batches()[:2])
+    metrics, state = _two_ranks(tmp_path, strategy, lora=True, batches=_batches()[:2])
     _assert_same(state, single.policy.state_dict(), start)
     frozen = [k for k in start if "lora_" not in k]
     assert frozen and all(torch.equal(state[k], start[k]) for k in frozen), "only the adapters train"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
+from abc import ABC, abstractmethod
 
 import torch
 import torch.distributed as dist
@@ -54,14 +55,12 @@ def _zero_loss(policy: nn.Module) -> torch.Tensor:
     return sum(p.sum() for p in policy.parameters() if p.requires_grad) * 0.0
 
 
-class DataParallel:
-    """One rank's view of a data-parallel step. Subclasses wrap the policy (`wrap`, once, before
-    the optimizer is built over `parameters()`), skip the sync while accumulating, and publish."""
+class DataParallel(ABC):
+    """One rank's view of a data-parallel step. A strategy wraps the policy (`wrap`, once, before
+    the optimizer is built over `parameters()`), skips the sync while accumulating, and publishes."""
 
     def __init__(self, group=None):
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
+        self.group = group  # None: the default process group
         self.module: nn.Module | None = None
 
     def sum(self, values: list[float]) -> list[float]:
@@ -85,12 +84,13 @@ class DataParallel:
     def parameters(self):
         return self.module.parameters()
 
+    @abstractmethod
     def wrap(self, policy: nn.Module) -> None:
-        raise NotImplementedError
+        """Set `self.module`: a `Forward` over the policy (or a copy), wrapped for data parallel."""
 
+    @abstractmethod
     def accumulate(self):
         """Context for a micro-batch's forward and backward that must not sync yet."""
-        raise NotImplementedError
 
     def publish(self, policy: nn.Module) -> None:
         """After the optimizer step: make `policy` hold the trained weights."""
@@ -161,12 +161,19 @@ class FSDP2(DataParallel):
                     mine.copy_(full.full_tensor())  # every rank gathers: full_tensor is a collective
 
     def optimizer_state_dict(self, optimizer) -> dict:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
 
         return get_optimizer_state_dict(self.module, optimizer, options=StateDictOptions(full_state_dict=True))
 
     def load_optimizer_state_dict(self, optimizer, state: dict, policy: nn.Module) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         full = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.module, {f"policy.{k}": v for k, v in policy.state_dict().items()}, options=full)
