@@ -300,3 +300,41 @@ def test_backfill_does_not_overtake_a_blocked_head_served_first_with_hold():
         return first, _started(p.schedule(20.0))
     assert run(False) == (["rich1", "rich2"], [])  # the small jobs take the half node the gang waits for
     assert run(True) == ([], ["poor-gang"])  # held: the gang starts as soon as the node frees
+
+
+def test_smallest_queue_order_starts_a_domains_small_jobs_before_its_gang():
+    def started(queue_order):
+        p = _placer(queue_order=queue_order, preempt=False, reserve_after_s=None, backfill=False)
+        p.submit(_job("blocker", 4, domain="x"), 0.0)
+        p.schedule(0.0)
+        p.submit(_job("gang", 8, domain="d", at=1.0), 1.0)
+        p.submit(_job("small", 2, domain="d", at=2.0), 2.0)
+        p.submit(_job("small2", 2, domain="d", at=3.0), 3.0)
+        return _started(p.schedule(10.0))
+    assert started("submitted") == []  # the gang heads its queue and does not fit beside the blocker
+    assert started("smallest") == ["small", "small2"]  # fewest GPUs first, then the oldest
+
+
+def test_smallest_queue_order_requeues_a_victim_by_size_ahead_of_younger_peers():
+    p = _placer(queue_order="smallest", preempt_after_s=0, reserve_after_s=None)
+    p.submit(_job("low", 8, domain="lo", priority=0), 0.0)
+    p.schedule(0.0)
+    p.submit(_job("low-young", 8, domain="lo", priority=0, at=5.0), 5.0)
+    p.submit(_job("high", 8, domain="hi", priority=1, at=10.0), 10.0)
+    assert _preempted(p.schedule(10.0)) == ["low"]
+    assert [j.id for j in p.queues["lo"]] == ["low", "low-young"]  # same size: the older submission first
+
+
+def test_checkpoint_times_count_from_when_the_job_began_working():
+    p = _placer(preempt_after_s=0)
+    p.submit(_job("loaded-late", 4, priority=0, checkpoint_every_s=100.0), 0.0)
+    p.submit(_job("loaded-early", 4, priority=0, checkpoint_every_s=100.0), 0.0)
+    p.schedule(0.0)
+    p.running["loaded-late"].working_from = 40.0  # it spent 40 s loading: it saves at 140, 240, ... s
+    p.running["loaded-early"].working_from = 0.0
+    # at 150 s "loaded-late" saved 10 s ago, "loaded-early" 50 s ago; a clock from the start would say 50 s for both
+    assert p._unsaved_s(p.running["loaded-late"], 150.0) == pytest.approx(10.0)
+    p.running["loaded-early"].pace = 2.0  # it works at half speed: 75 s of work at 150 s, nothing saved yet
+    assert p._unsaved_s(p.running["loaded-early"], 150.0) == pytest.approx(150.0)
+    p.submit(_job("urgent", 4, priority=1), 150.0)
+    assert _preempted(p.schedule(150.0)) == ["loaded-late"]

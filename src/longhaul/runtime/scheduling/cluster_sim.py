@@ -168,6 +168,7 @@ class Simulation:
         jid = run.job.id
         load, slow = _load_s(run), _slowdown(run, self.cluster)
         self.started_at[jid] = (now, load, slow)
+        run.working_from, run.pace = now + load, slow  # what the job reports: the placer reads its checkpoint times from them
         self.wait[jid] += now - self.queued_since.pop(jid)
         self.token[jid] = self.token.get(jid, 0) + 1
         self.seq += 1

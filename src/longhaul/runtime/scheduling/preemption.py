@@ -138,5 +138,12 @@ class Preemption:
 
     @staticmethod
     def _unsaved_s(run: Running, now: float) -> float:
-        every, since = run.job.checkpoint_every_s, now - run.started
-        return since % every if every else since
+        """Wall seconds since `run` last saved (or started: loading its checkpoint is lost too).
+        Saves fall every `checkpoint_every_s` of work, counted from when it began working at its
+        pace: a clock from `started` would put them a load time early, and a victim the placer
+        took for just saved would lose a whole interval."""
+        every, begun = run.job.checkpoint_every_s, run.started if run.working_from is None else run.working_from
+        work = max(0.0, now - begun) / run.pace
+        if not every or work < every:
+            return now - run.started
+        return (work % every) * run.pace
