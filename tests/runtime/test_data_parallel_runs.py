@@ -20,6 +20,7 @@ def _rewards(run: Path) -> list[float]:
     return [json.loads(line)["reward"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # ~20 s; tests/rl/test_distributed.py checks fsdp2's update equality in the fast suite
 def test_fsdp2_trainers_train_like_one_and_resume_from_their_checkpoint(tmp_path):
     run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'one'}", *QUIET]))
     two = [f"output_dir={tmp_path / 'two'}", *QUIET, "runtime.trainers=2", "runtime.data_parallel=fsdp2"]

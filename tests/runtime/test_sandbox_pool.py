@@ -48,6 +48,7 @@ def test_scores_through_a_pool_equal_scores_in_process(local_ray):
     ray.kill(pool)
 
 
+@pytest.mark.slow  # ~16-19 s; the Ray-cluster test in test_ray.py kills a pool mid-run in the fast suite
 def test_agent_episodes_through_a_pool_equal_episodes_in_process(local_ray):
     fam = get_family("bugfix")
     (pool,) = start_pools(ray, _cfg("bugfix"))
@@ -71,6 +72,7 @@ def test_agent_episodes_through_a_pool_equal_episodes_in_process(local_ray):
     ray.kill(pool)
 
 
+@pytest.mark.slow  # ~16-19 s; the Ray-cluster test in test_ray.py kills a pool mid-run in the fast suite
 def test_a_pool_that_dies_under_a_call_fails_it_is_counted_and_comes_back(local_ray):
     fam = get_family("funcgen")
     (pool,) = start_pools(ray, _cfg("funcgen"))
