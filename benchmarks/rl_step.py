@@ -73,9 +73,9 @@ def host_rates() -> dict:
     return {"gemm_gflops": 2 * 2048**3 / best(lambda: a @ b) / 1e9, "read_gbs": x.numel() * 4 / best(x.sum) / 1e9}
 
 
-def step_floor(phase: dict, params: int, rates: dict, decode_steps: int) -> dict:
+def step_floor(phase: dict, rates: dict, decode_steps: int) -> dict:
     """Seconds a step's phases need at least on this host (see the module docstring)."""
-    tokens = phase["gen_tokens"] + phase["prompt_tokens"]  # the prompt is shared by the group (share_prompt)
+    params, tokens = phase["params"], phase["gen_tokens"] + phase["prompt_tokens"]  # the prompt is shared by the group (share_prompt)
     gemm = rates["gemm_gflops"] * 1e9
     return {"gen": decode_steps * params * 4 / (rates["read_gbs"] * 1e9), "ref": 2 * params * tokens / gemm,
             "update": 4 * params * tokens / gemm}
@@ -89,6 +89,7 @@ def ours(steps: int, fast: bool, phases: list[dict]) -> list[float]:
     sampler = make_engine(model, tok, "bfloat16" if fast else "float32")  # the rollout engine, as `longhaul train` uses
     reuse = trainer.reuse_rollout_forward(sampler)  # fp32: the rollout's forward is the training forward (same maths)
     params = SamplingParams(max_new_tokens=128, temperature=1.0)
+    n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())  # tied embeddings once
     times = []
     for step in range(steps):
         t0 = time.perf_counter()
@@ -99,7 +100,7 @@ def ours(steps: int, fast: bool, phases: list[dict]) -> list[float]:
         phases.append({"gen": gm["timing/gen"], "gen_tokens": gm["gen_tokens"], "prompt_tokens": len(groups[0][0].turns[0].prompt_ids),
                        "ref": m["timing/ref"], "update": m["timing/update_actor"],
                        "recorded_forward": reuse and getattr(trainer, "recorded_units", 0) == step + 1,
-                       "params": sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())})
+                       "params": n_params})
         print(f"longhaul ({'bf16' if fast else 'fp32'}) step {step + 1}: {times[-1]:.1f}s  "
               + " ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in phases[-1].items()), file=sys.stderr, flush=True)
     return times
@@ -136,7 +137,7 @@ def main():
     anchor = med["TRL GRPOTrainer 1.x, fp32 (anchor)"]
     rates = host_rates()
     fp32 = phases["longhaul GRPO, fp32"]
-    floors = [step_floor(ph, ph["params"], rates, decode_steps=128) for ph in fp32]
+    floors = [step_floor(ph, rates, decode_steps=128) for ph in fp32]
     floor = {k: statistics.median(f[k] for f in floors[1:] or floors) for k in ("gen", "ref", "update")}
     measured = {k: statistics.median(ph[k] for ph in fp32[1:] or fp32) for k in ("gen", "ref", "update")}
     med["floor: same maths at this host's peak"] = sum(floor.values())

@@ -166,10 +166,8 @@ class RolloutWorker:
                                                  exec_workers=cfg.rollout.exec_workers)
             else:
                 groups, timings = self._run_domains(req)
-        except Exception:
+        finally:  # also when the pool's death surfaced as this request's own error
             self._check_pool(req, lost0)
-            raise
-        self._check_pool(req, lost0)
         return RolloutResult(req.uid, req.step, req.round, groups, timings, self.name, started, time.time(), v0, self._loads - loads0)
 
     def _check_pool(self, req: RolloutRequest, lost0: int) -> None:

@@ -37,9 +37,10 @@ class SandboxPool:
         from longhaul.runtime.rollout import build_family, domain_runs
 
         cfg = RunConfig.model_validate_json(cfg_json)
-        self._families = {None: (build_family(cfg), None)} if not cfg.domains else {}
-        for key, run in (domain_runs(cfg) if cfg.domains else {}).items():
-            self._families[key] = (run.family, run.make_env)
+        if cfg.domains:  # domain -> (family, its sandbox override)
+            self._families = {key: (run.family, run.make_env) for key, run in domain_runs(cfg).items()}
+        else:
+            self._families = {None: (build_family(cfg), None)}
         self._envs: dict[int, object] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
