@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow setup bwrap model clean-runs
+.PHONY: demo test test-slow setup bwrap kernels model clean-runs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,7 +14,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-setup: $(STAMP) bwrap
+setup: $(STAMP) bwrap kernels
+
+# the native fp32 decode kernels (inference/csrc) need a C++ compiler; build them once here so
+# no run pays the minute; without a compiler the engine says so and keeps torch's ops
+kernels: $(STAMP)
+	@command -v g++ >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -q g++ >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q g++ >/dev/null)) \
+	      || echo "warning: could not install g++; the engine will use torch's ops instead of the native kernels"; \
+	  else echo "warning: g++ missing (apt-get install g++); the engine will use torch's ops instead of the native kernels"; fi; }
+	@$(BIN)/python -m longhaul.inference.kernels || true
 
 # bubblewrap is the sandbox; install it when missing and possible (root + apt), else warn.
 bwrap:

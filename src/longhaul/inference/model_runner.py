@@ -4,6 +4,9 @@ Owns the weights (copied out of the HF model into plain tensors: q/k/v fused int
 gate/up into another, nothing shared with the HF module), the forward over a flat batch of new
 tokens (every sequence's new tokens laid end to end, no padding in the linear layers),
 attention over the paged cache with PyTorch SDPA, and logits at the requested positions only.
+In fp32 on a CPU where `kernels.native()` builds, decode attention reads the blocks in place
+(`decode_attention`, no gather or mask), RMSNorm is the native one and the linears are its
+small-batch GEMM (`linear.pack`); prefill chunks keep SDPA.
 Does not own which tokens run (`scheduler`), the blocks (`block_manager`) or sampling.
 
 One forward serves every kind of step. A `BatchItem` is a sequence's new tokens starting at
@@ -68,6 +71,7 @@ class ForwardBatch:
     num_decode: int  # Bd: items with one new token, tokens [0, Bd) of N
     decode_block_tables: torch.Tensor | None  # (Bd, nb)
     decode_mask: torch.Tensor | None  # (Bd, 1, 1, nb * block_size), True = attend
+    decode_lens: torch.Tensor | None  # (Bd,) context lengths, this step's token included
     chunks: list[tuple[int, int, torch.Tensor, torch.Tensor]]  # (offset in N, T, block table (1, nb), mask (G*T, L))
     owners: list[tuple[list[int], int, int, int]] | None = None  # with a recorder: (block table, start, tokens, offset in N) an item
 
@@ -94,6 +98,11 @@ class ModelRunner:
         self.group = self.num_heads // self.num_kv_heads
         self.eps = cfg.rms_norm_eps
         self.rope = Rope(cfg, device=self.device, max_positions=max(max_positions or 0, cfg.max_position_embeddings))
+        self.native = None  # fp32 on CPU: the native decode kernels (`kernels.native`), when they build here
+        if dtype == torch.float32 and self.device.type == "cpu":
+            from longhaul.inference.kernels import native
+
+            self.native = native()
         self._load(dict(model.state_dict()))
         self.pack_weights()
         self.recorder = None  # optional: sees every forward's linear outputs and logits (`rl.rollout_activations`)
@@ -195,7 +204,7 @@ class ModelRunner:
                 slots.append(it.block_table[p // bs] * bs + p % bs)
         logits_idx = [offset[i] + len(items[i].token_ids) - k for i in range(len(items)) for k in range(items[i].num_logits, 0, -1)]
         dec = [items[i] for i in order if len(items[i].token_ids) == 1]
-        decode_bt = decode_mask = None
+        decode_bt = decode_mask = ctx = None
         if dec:
             nb = max(len(it.block_table) for it in dec)
             decode_bt = torch.tensor([it.block_table + [0] * (nb - len(it.block_table)) for it in dec], device=dev)
@@ -212,7 +221,8 @@ class ModelRunner:
         owners = None
         if self.recorder is not None:  # the block table list is the item's identity while it is resident
             owners = [(items[i].block_table, items[i].start, len(items[i].token_ids), offset[i]) for i in order]
-        return ForwardBatch(as_t(ids), as_t(pos), as_t(slots), as_t(logits_idx), len(dec), decode_bt, decode_mask, chunks, owners)
+        return ForwardBatch(as_t(ids), as_t(pos), as_t(slots), as_t(logits_idx), len(dec), decode_bt, decode_mask, ctx, chunks,
+                            owners)
 
     # ---- forward -------------------------------------------------------------------------
     @torch.no_grad()
@@ -228,24 +238,29 @@ class ModelRunner:
         if rec is not None:
             rec.begin(batch)
         for i, (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b) in enumerate(self._exec):
-            x = F.rms_norm(h, (e,), ln1, self.eps)
+            x = self._rms_norm(h, ln1)
             qkv = linear(x, qkv_w, qkv_b).view(n, hq + 2 * hkv, d)
             qk = apply_rope(qkv[:, :hq + hkv], cos, sin)  # (N, Hq + Hkv, D)
             self.kv.write(i, batch.slot_mapping, qk[:, hq:], qkv[:, hq + hkv:])
             o = linear(self.attention(i, qk[:, :hq], batch), o_w, o_b)
             h = h + o
-            x = F.rms_norm(h, (e,), ln2, self.eps)
+            x = self._rms_norm(h, ln2)
             gu = linear(x, gu_w, gu_b)
             gate, up = gu.chunk(2, dim=-1)
             down = linear(F.silu(gate) * up, down_w, down_b)
             h = h + down
             if rec is not None:
                 rec.layer(i, qkv.view(n, -1), o, gu, down)
-        h = F.rms_norm(h.index_select(0, batch.logits_indices), (e,), self.norm, self.eps)
+        h = self._rms_norm(h.index_select(0, batch.logits_indices), self.norm)
         logits = linear(h, self._lm_head).float()
         if rec is not None:
             rec.logits(logits)
         return logits
+
+    def _rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if self.native is not None:
+            return self.native.rms_norm(x, w, self.eps)
+        return F.rms_norm(x, (x.shape[-1],), w, self.eps)
 
     def attention(self, layer: int, q: torch.Tensor, b: ForwardBatch) -> torch.Tensor:
         """q (N, Hq, D) over the cache (already holding this step's K/V) -> (N, Hq * D).
@@ -255,7 +270,12 @@ class ModelRunner:
         """
         hkv, g, d = self.num_kv_heads, self.group, self.head_dim
         outs = []
-        if b.num_decode:
+        if b.num_decode and self.native is not None and type(self.kv) is KVCache and self.kv.dtype == torch.float32:
+            bd = b.num_decode
+            o = self.native.decode_attention(q[:bd], self.kv.k[layer], self.kv.v[layer], b.decode_block_tables, b.decode_lens,
+                                             self.kv.block_size, d ** -0.5)
+            outs.append(o.view(bd, hkv * g * d))
+        elif b.num_decode:
             bd = b.num_decode
             k, v = self.kv.gather(layer, b.decode_block_tables)  # (Bd, L, Hkv, D)
             qd = q[:bd].reshape(bd, hkv, g, d)

@@ -163,7 +163,7 @@ def fast_linear(module):
     key = (w._version, w.data_ptr())
     hit = _PACKED.get(module)
     if hit is None or hit[0] != key:
-        packed, left = pack(w.detach(), None if module.bias is None else module.bias.detach())
+        packed, left = pack(w.detach(), None if module.bias is None else module.bias.detach(), few_rows=False)
         if left is not None or not callable(packed):  # no oneDNN here: nothing faster than the module
             return module
         hit = _PACKED[module] = (key, packed)

@@ -1,0 +1,17 @@
+// Python bindings of the native CPU kernels (`longhaul.inference.kernels.native()`).
+
+#include <torch/extension.h>
+
+torch::Tensor pack(const torch::Tensor& w);
+torch::Tensor mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias);
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                               const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
+                               double scale);
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("pack", &pack, "pack an fp32 weight (N, K) into 8-output panels");
+  m.def("mm", &mm, "x (M, K) @ packed weight -> (M, N), plus an optional padded bias");
+  m.def("decode_attention", &decode_attention, "one query token per sequence over the paged K/V cache");
+  m.def("rms_norm", &rms_norm, "RMSNorm of rows, as HF's LlamaRMSNorm");
+}

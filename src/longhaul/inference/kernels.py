@@ -1,0 +1,83 @@
+"""Native CPU kernels of the engine, built once on first use and cached.
+
+Owns building and loading `csrc/*.cpp` (one module) with torch's C++ extension loader into
+`$LONGHAUL_KERNEL_CACHE/<torch version>-<source hash>/` (default `~/.cache/longhaul/kernels`,
+shared by every `LONGHAUL_HOME`: a build depends only on the sources, flags and torch; a file
+lock there keeps concurrent processes, e.g. Ray actors, from building twice), and saying why a kernel is unavailable.
+Does not own where a kernel is used (`linear.pack`, `ModelRunner`).
+
+A kernel is used only where it can run: an x86 CPU with AVX2 and FMA, a C++ compiler and
+ninja. Anywhere else, or with `LONGHAUL_KERNELS=0`, or when the build fails, `native()`
+returns None after one stderr line that says why, and callers keep the oneDNN path (same
+maths, slower). `python -m longhaul.inference.kernels` builds ahead of time (`make setup`
+does), so the first run does not pay the ~1 minute build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
+
+
+def _unavailable(why: str) -> None:
+    print(f"longhaul: native fp32 decode kernels off ({why}); using torch's ops", file=sys.stderr)
+
+
+def _missing_requirement() -> str | None:
+    """Why the kernels cannot be built or run here, or None when they can."""
+    if os.environ.get("LONGHAUL_KERNELS") == "0":
+        return "LONGHAUL_KERNELS=0"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"the CPU has {capability}, the kernel needs AVX2 and FMA"
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
+        return "no C++ compiler; apt-get install g++"
+    if not is_ninja_available():
+        return "ninja is missing; pip install ninja"
+    return None
+
+
+def build_dir(sources: list[Path]) -> Path:
+    root = Path(os.environ.get("LONGHAUL_KERNEL_CACHE") or Path.home() / ".cache" / "longhaul" / "kernels")
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in sources) + " ".join(FLAGS).encode()).hexdigest()[:12]
+    return root / f"torch{torch.__version__.split('+')[0]}-{digest}"
+
+
+@lru_cache(maxsize=None)
+def native():
+    """The kernel module, or None: `pack(w)` / `mm(x, packed, n, bias)` (small-batch fp32
+    GEMM), `decode_attention(q, k, v, block_tables, lens, block_size, scale)`, `rms_norm(x, w, eps)`."""
+    why = _missing_requirement()
+    if why is not None:
+        if why != "LONGHAUL_KERNELS=0":
+            _unavailable(why)
+        return None
+    sources = sorted(CSRC.glob("*.cpp"))
+    out = build_dir(sources)
+    try:
+        from torch.utils.cpp_extension import load
+
+        out.mkdir(parents=True, exist_ok=True)
+        if not any(out.glob("*.so")):
+            print(f"longhaul: building the fp32 decode kernels into {out} (once, about a minute)", file=sys.stderr, flush=True)
+        return load(name="longhaul_cpu_kernels", sources=[str(s) for s in sources], build_directory=str(out),
+                    extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as e:  # a compiler or linker error: the engine still runs on oneDNN
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        _unavailable(f"build failed: {first[:200]}")
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(0 if native() is not None else 1)
