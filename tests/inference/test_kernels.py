@@ -134,3 +134,30 @@ def test_without_a_compiler_the_engine_says_why_and_keeps_torch_ops(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "native fp32 decode kernels off (no C++ compiler; apt-get install g++)" in out.stderr
     assert int(out.stdout.strip()) > 0
+
+
+@pytest.mark.parametrize("v", [49152, 1001, 7])
+@pytest.mark.parametrize("with_entropy,write_probs", [(False, False), (True, False), (False, True), (True, True)])
+def test_softmax_stats_equal_log_softmax(native, v, with_entropy, write_probs):
+    gen = torch.Generator().manual_seed(v)
+    z = torch.randn(5, v, generator=gen) * 8
+    z[1] += 300  # a large offset: the max subtraction must keep it finite
+    z[2, : v // 2] = -1e4  # very unlikely tokens underflow to 0 probability
+    targets = torch.randint(0, v, (5,), generator=gen)
+    ref = z.double().log_softmax(-1)
+    work = z.clone()
+    logp, ent = native.softmax_stats(work, targets, with_entropy, write_probs)
+    torch.testing.assert_close(logp.double(), ref.gather(1, targets[:, None]).squeeze(1), rtol=1e-5, atol=1e-5)
+    if with_entropy:
+        torch.testing.assert_close(ent.double(), -(ref.exp() * ref).sum(-1), rtol=1e-5, atol=1e-5)
+    else:
+        assert ent.numel() == 0
+    if write_probs:
+        torch.testing.assert_close(work.double(), ref.exp(), rtol=1e-5, atol=1e-7)
+    else:
+        assert torch.equal(work, z)
+
+
+def test_softmax_stats_refuses_a_target_outside_the_vocabulary(native):
+    with pytest.raises(RuntimeError, match="outside the vocabulary"):
+        native.softmax_stats(torch.randn(2, 10), torch.tensor([3, 10]), False, False)

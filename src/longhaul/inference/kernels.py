@@ -50,14 +50,16 @@ def _missing_requirement() -> str | None:
 
 def build_dir(sources: list[Path]) -> Path:
     root = Path(os.environ.get("LONGHAUL_KERNEL_CACHE") or Path.home() / ".cache" / "longhaul" / "kernels")
-    digest = hashlib.sha256(b"".join(s.read_bytes() for s in sources) + " ".join(FLAGS).encode()).hexdigest()[:12]
+    files = sorted({*sources, *CSRC.glob("*.h")})
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files) + " ".join(FLAGS).encode()).hexdigest()[:12]
     return root / f"torch{torch.__version__.split('+')[0]}-{digest}"
 
 
 @lru_cache(maxsize=None)
 def native():
     """The kernel module, or None: `pack(w)` / `mm(x, packed, n, bias)` (small-batch fp32
-    GEMM), `decode_attention(q, k, v, block_tables, lens, block_size, scale)`, `rms_norm(x, w, eps)`."""
+    GEMM), `decode_attention(q, k, v, block_tables, lens, block_size, scale)`, `rms_norm(x, w, eps)`,
+    `softmax_stats(z, targets, with_entropy, write_probs)` (the fused head's log-softmax)."""
     why = _missing_requirement()
     if why is not None:
         if why != "LONGHAUL_KERNELS=0":

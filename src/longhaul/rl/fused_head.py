@@ -42,18 +42,31 @@ def _logits(h: torch.Tensor, w, dt: torch.dtype | None) -> torch.Tensor:
     return h @ w.t()
 
 
-def _chunk_stats(z: torch.Tensor, targets: torch.Tensor, with_entropy: bool):
-    """Scaled logits z (m, V), overwritten in place by the softmax p -> (logp (m,), entropy (m,) or None)."""
+def _chunk_stats(z: torch.Tensor, targets: torch.Tensor, with_entropy: bool, keep_p: bool):
+    """Scaled logits z (m, V) -> (logp (m,), entropy (m,) or None); with keep_p, z is
+    overwritten in place by the softmax p. fp32 on a CPU with the native kernels: one call
+    (`kernels.native().softmax_stats`, two or three passes over z instead of five)."""
+    native = _native() if z.dtype == torch.float32 and z.device.type == "cpu" and z.is_contiguous() else None
+    if native is not None:
+        logp, ent = native.softmax_stats(z, targets, with_entropy, keep_p)
+        return logp, ent if with_entropy else None
     lse = torch.logsumexp(z, dim=-1)  # (m,)
     logp = z.gather(1, targets[:, None]).squeeze(1) - lse
     ent = None
     if with_entropy:
         p = torch.exp(z - lse[:, None])
         ent = lse - (p * z).sum(-1)  # H = lse - sum(p * z)
-        z.copy_(p)
-    else:
+        if keep_p:
+            z.copy_(p)
+    elif keep_p:
         z.sub_(lse[:, None]).exp_()
     return logp, ent
+
+
+def _native():
+    from longhaul.inference.kernels import native
+
+    return native()
 
 
 def _forward(hidden, weight, targets, temperature: float, with_entropy: bool, keep_p: bool, head=None, logits=None):
@@ -72,7 +85,7 @@ def _forward(hidden, weight, targets, temperature: float, with_entropy: bool, ke
             z = z.clone()  # never scale the caller's logits in place
         if temperature != 1.0:
             z.div_(temperature)
-        lp, e = _chunk_stats(z, targets[s:s + CHUNK], with_entropy)
+        lp, e = _chunk_stats(z, targets[s:s + CHUNK], with_entropy, keep_p)
         logp[s:s + CHUNK] = lp
         if ent is not None:
             ent[s:s + CHUNK] = e

@@ -14,14 +14,12 @@
 #include <cmath>
 #include <vector>
 
+#include "vec_math.h"
+
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using longhaul::exp256;
+using longhaul::hsum;
 
 inline float dot(const float* a, const float* b, int64_t n) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
@@ -80,10 +78,19 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
           mx = std::max(mx, wg[p]);
         }
         float sum = 0.f;
-        for (int64_t p = 0; p < L; ++p) {
+        int64_t p = 0;
+        const __m256 mxv = _mm256_set1_ps(mx);
+        __m256 s8 = _mm256_setzero_ps();
+        for (; p + 8 <= L; p += 8) {
+          const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(wg + p), mxv));
+          _mm256_storeu_ps(wg + p, e);
+          s8 = _mm256_add_ps(s8, e);
+        }
+        for (; p < L; ++p) {
           wg[p] = std::exp(wg[p] - mx);
           sum += wg[p];
         }
+        sum += hsum(s8);
         const float inv = 1.f / sum;
         float* o = op + (b * Hq + h * G + g) * D;
         for (int64_t p = 0; p < L; ++p) {

@@ -8,10 +8,12 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
                                const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
                                double scale);
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+std::vector<torch::Tensor> softmax_stats(torch::Tensor z, const torch::Tensor& targets, bool with_entropy, bool write_probs);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "pack an fp32 weight (N, K) into 8-output panels");
   m.def("mm", &mm, "x (M, K) @ packed weight -> (M, N), plus an optional padded bias");
   m.def("decode_attention", &decode_attention, "one query token per sequence over the paged K/V cache");
   m.def("rms_norm", &rms_norm, "RMSNorm of rows, as HF's LlamaRMSNorm");
+  m.def("softmax_stats", &softmax_stats, "per-row log p(target), entropy, and optionally the softmax in place");
 }
