@@ -23,8 +23,9 @@ from longhaul.runtime.sync import run_training  # noqa: E402
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_grpo.yaml"
 
 
-@pytest.fixture()
-def ray_cluster(tmp_path):
+@pytest.fixture(scope="module")
+def ray_head():
+    """One `ray start --head` cluster for this module's runs (a start and stop cost ~10-20 s each)."""
     exe = shutil.which("ray", path=os.path.dirname(sys.executable))
     if exe is None:
         pytest.skip("the `ray` command is not installed")
@@ -37,6 +38,27 @@ def ray_cluster(tmp_path):
         if ray.is_initialized():
             ray.shutdown()
         subprocess.run([exe, "stop", "--force"], capture_output=True, env=env, timeout=120)
+
+
+@pytest.fixture()
+def ray_cluster(ray_head):
+    """The running cluster, joined by the test itself (runtime.address=auto). Afterwards this
+    driver disconnects, so the actors it owns die, and the next test waits until the cluster has
+    every CPU free again: each test starts on an idle cluster, as on a fresh one."""
+    assert not ray.is_initialized()
+    try:
+        yield
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        ray.init(address="auto", include_dashboard=False, log_to_driver=False)
+        try:
+            deadline = time.monotonic() + 60
+            while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]:
+                assert time.monotonic() < deadline, f"actors outlived their test: {ray.available_resources()} free"
+                time.sleep(0.1)
+        finally:
+            ray.shutdown()
 
 
 @pytest.fixture()
@@ -142,17 +164,17 @@ def test_a_killed_trainer_actor_is_replaced_and_the_run_resumes_from_its_checkpo
 
     threading.Thread(target=killer, daemon=True).start()
     cfg = load_config(EXAMPLE, [f"output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false", "eval.before_after=false",
-                                "train.steps=10", "train.save_every=2", "runtime.mode=async", "runtime.backend=ray",
+                                "train.steps=6", "train.save_every=2", "runtime.mode=async", "runtime.backend=ray",
                                 "runtime.address=auto", "runtime.trainer_actor=true", "runtime.worker_threads=1"])
     result = ray_backend.train_in_actor(cfg, on_start=actors.append)
     assert killed, "the trainer was never killed"
     assert result["trainer_restarts"] == 1 and len(actors) == 2
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 11)), "every step logged once: the rows after the checkpoint were replaced"
-    assert list_checkpoints(run / "checkpoints")[-1].name.endswith("10")
+    assert [r["step"] for r in rows] == list(range(1, 7)), "every step logged once: the rows after the checkpoint were replaced"
+    assert list_checkpoints(run / "checkpoints")[-1].name.endswith("6")
     log = [json.loads(line) for line in (run / "buffer.jsonl").read_text().splitlines()]
     taken = [u for r in log if r["op"] == "take" for u in r["uids"]]
-    assert len(taken) == len(set(taken)) == 10 * cfg.rollout.prompts_per_step
+    assert len(taken) == len(set(taken)) == 6 * cfg.rollout.prompts_per_step
 
 
 def test_trainer_actor_needs_the_ray_backend(tmp_path):
