@@ -70,15 +70,15 @@ def _token_logprobs(logits, targets, mask, temperature: float, with_entropy: boo
 def packed_logprobs(model, batch: packed_forward.PackedBatch, temperature: float = 1.0, autocast: str = "none",
                     with_entropy: bool = False, entropy_grad: bool = False, recorded=None):
     """`completion_logprobs`' result for a `packed_forward.PackedBatch`: (B, T) log-probs, mask,
-    entropy. `recorded`: (activations (N, layers, W), their widths, logits (M, V)) of the batch's
-    rows from the sampler (`rollout_activations`), used instead of the forward's matmuls."""
+    entropy. `recorded`: (per layer the rows' [qkv, o, gate_up, down] outputs, logits (M, V)) of
+    the batch's rows from the sampler (`rollout_activations`), used instead of the forward's matmuls."""
     model = unwrap(model)
     dev = model.get_output_embeddings().weight.device
     pick, slot, mask = batch.pick.to(dev), batch.pick_slot.to(dev), batch.mask.to(dev)
     targets = batch.targets.to(dev).view(-1).index_select(0, slot)  # (M,)
     with autocast_ctx(autocast):
-        acts, widths, logits = recorded if recorded is not None else (None, (), None)
-        rows = packed_forward.hidden_states(model, batch, acts, widths).index_select(0, pick)  # (M, H)
+        acts, logits = recorded if recorded is not None else (None, None)
+        rows = packed_forward.hidden_states(model, batch, acts).index_select(0, pick)  # (M, H)
         if with_entropy and entropy_grad and torch.is_grad_enabled():  # an entropy bonus: plain head, autograd entropy
             lp, _, ent = _token_logprobs(model.get_output_embeddings()(rows)[None], targets[None], torch.ones_like(targets[None], dtype=torch.float32),
                                          temperature, True, True)

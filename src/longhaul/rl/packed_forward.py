@@ -179,9 +179,10 @@ class _StoredLinear(torch.autograd.Function):
     def forward(ctx, x, y, *params):
         ctx.has = [p is not None for p in params]
         ctx.save_for_backward(x, *[p for p in params if p is not None])
-        # a copy, not a view: an output aliasing the (rows, layers, width) record would make
-        # autograd build every gradient against the whole record (as_strided), ~3x the step
-        return y.clone(memory_format=torch.contiguous_format)
+        # y is a (rows, width) tensor of its own (`RolloutActivations.gather`), so the output
+        # may alias it; a view into a larger record would make autograd build every gradient
+        # against the whole record (as_strided), ~3x the step
+        return y if y.is_contiguous() else y.clone(memory_format=torch.contiguous_format)
 
     @staticmethod
     def backward(ctx, g):
@@ -211,9 +212,9 @@ def _rope(x, cos, sin):
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
-def hidden_states(model, b: PackedBatch, stored: torch.Tensor | None = None, widths: tuple[int, ...] = ()) -> torch.Tensor:
-    """Final-normed hidden states (N, H) of the batch's flat rows. `stored` (N, layers, sum of
-    `widths`): the rows' recorded qkv | o | gate_up | down outputs, used instead of the matmuls."""
+def hidden_states(model, b: PackedBatch, stored: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
+    """Final-normed hidden states (N, H) of the batch's flat rows. `stored`: per layer the rows'
+    recorded [qkv, o, gate_up, down] outputs (each (N, width)), used instead of the matmuls."""
     base = unwrap(model).base_model
     cfg = base.config
     hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -226,7 +227,7 @@ def hidden_states(model, b: PackedBatch, stored: torch.Tensor | None = None, wid
     cos, sin = cos[0], sin[0]  # (N, D)
     for i, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        ys = [None] * 4 if stored is None else stored[:, i].split(list(widths), dim=-1)  # qkv, o, gate_up, down
+        ys = [None] * 4 if stored is None else stored[i]  # qkv, o, gate_up, down
         x = F.rms_norm(h, (e,), layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
         q, k, v = _proj(x, ys[0], attn.q_proj, attn.k_proj, attn.v_proj)
         q, k, v = _rope(q.view(n, hq, d), cos, sin), _rope(k.view(n, hkv, d), cos, sin), v.view(n, hkv, d)

@@ -37,9 +37,15 @@ class RolloutActivations:
         self.runner, self.max_bytes = runner, max_bytes  # past max_bytes, stop recording until clear()
         cfg = runner.config
         hq, hkv, d = runner.num_heads, runner.num_kv_heads, runner.head_dim
-        # column layout of a row: qkv | o | gate_up | down
+        # a row's recorded outputs: qkv | o | gate_up | down
         self.widths = ((hq + 2 * hkv) * d, cfg.hidden_size, 2 * cfg.intermediate_size, cfg.hidden_size)
         self.num_layers = cfg.num_hidden_layers
+        self.capacity = max_bytes // (self.num_layers * sum(self.widths) * 4)  # rows
+        # one (capacity, width) tensor per layer and output, rows appended forward by forward:
+        # `gather` then reads each straight into the contiguous (N, width) tensor the training
+        # forward takes (one copy, not a stack and a per-layer copy). Allocated on first use and
+        # kept across `clear()`, so later steps write into memory already paged in.
+        self._store: list[list[torch.Tensor]] | None = None
         self.clear()
 
     @classmethod
@@ -52,23 +58,24 @@ class RolloutActivations:
         return rec
 
     def clear(self) -> None:
-        self._steps: list[dict] = []
+        self._steps: list[dict] = []  # a forward: its first row in the store, its logits
         self._owners: dict[int, dict] = {}  # id(block table) -> position -> (step, row) / token / logit row
         self._slots: dict[int, tuple] = {}  # KV slot -> (step, row, token, logit row): what the cache holds now
-        self._bytes, self.overflow = 0, False
+        self._rows, self.overflow = 0, False
 
     # ---- recorder hooks (called by ModelRunner.forward) ----------------------------------
     def begin(self, batch) -> None:
         n = batch.input_ids.numel()
-        size = n * self.num_layers * sum(self.widths) * 4
         self._cur = None
-        if self.overflow or self._bytes + size > self.max_bytes or batch.owners is None:
+        if self.overflow or self._rows + n > self.capacity or batch.owners is None:
             self.clear()  # e.g. evaluation between steps: drop all, the trainer falls back to the forward
             self.overflow = True
             return
-        self._bytes += size
+        if self._store is None:
+            self._store = [[torch.empty((self.capacity, w), dtype=torch.float32) for w in self.widths] for _ in range(self.num_layers)]
         k = len(self._steps)
-        self._cur = {"acts": torch.empty((n, self.num_layers, sum(self.widths)), dtype=torch.float32), "logits": None}
+        self._cur = {"first": self._rows, "n": n, "logits": None}
+        self._rows += n
         self._steps.append(self._cur)
         ids, slots = batch.input_ids.tolist(), batch.slot_mapping.tolist()
         lrow = {r: j for j, r in enumerate(batch.logits_indices.tolist())}
@@ -89,10 +96,9 @@ class RolloutActivations:
     def layer(self, i: int, *outs: torch.Tensor) -> None:
         if self._cur is None:
             return
-        col = 0
-        for w, t in zip(self.widths, outs):
-            self._cur["acts"][:, i, col:col + w].copy_(t)
-            col += w
+        first, n = self._cur["first"], self._cur["n"]
+        for dst, t in zip(self._store[i], outs):
+            dst[first:first + n].copy_(t)
 
     def logits(self, logits: torch.Tensor) -> None:
         if self._cur is not None:
@@ -135,16 +141,18 @@ class RolloutActivations:
         logits = [first("logit", q) for q in range(len(prompt) - 1, last + 1)]
         return None if None in rows or None in logits else (rows, logits)
 
-    def gather(self, rows: list[tuple[int, int]]) -> torch.Tensor:
-        """(n, layers, width) activations of the given rows, in order."""
-        return torch.stack([self._steps[k]["acts"][r] for k, r in rows])
+    def gather(self, rows: list[tuple[int, int]]) -> list[list[torch.Tensor]]:
+        """The given rows' recorded outputs, in order: per layer [qkv, o, gate_up, down], each a
+        contiguous (n, width) tensor of its own."""
+        index = torch.tensor([self._steps[k]["first"] + r for k, r in rows], dtype=torch.long)
+        return [[t.index_select(0, index) for t in layer] for layer in self._store]
 
     def gather_logits(self, rows: list[tuple[int, int]]) -> torch.Tensor:
         """(m, V) float32 logits of the given logit rows, in order."""
         return torch.stack([self._steps[k]["logits"][j] for k, j in rows])
 
     def batch(self, prompts: list[list[int]], completions: list[list[int]], pad_id: int, shared: bool):
-        """(PackedBatch, (activations, widths, logits)) for these sequences in `packed_forward`'s
+        """(PackedBatch, (activations per layer, logits)) for these sequences in `packed_forward`'s
         layout (`pack_shared` when `shared`: one prompt for all), or None if any is not recorded."""
         from longhaul.rl.packed_forward import pack_pairs, pack_shared
 
@@ -160,4 +168,4 @@ class RolloutActivations:
             batch = pack_pairs(list(zip(prompts, completions)), pad_id)
         logits = [r for f in found for r in f[1]]
         assert len(rows) == batch.input_ids.numel() and len(logits) == batch.pick.numel()
-        return batch, (self.gather(rows), self.widths, self.gather_logits(logits))
+        return batch, (self.gather(rows), self.gather_logits(logits))
