@@ -28,11 +28,10 @@ def _final(run: Path, step: int = 4) -> dict:
 
 
 @pytest.mark.parametrize("kind", ["process", "thread"])
-def test_async_with_staleness_zero_reproduces_sync_exactly(tmp_path, kind):
-    run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'sync'}", *QUIET]))
+def test_async_with_staleness_zero_reproduces_sync_exactly(tmp_path, kind, tiny_grpo_run):
     run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'async'}", *QUIET, "runtime.mode=async", "runtime.max_staleness=0",
                                        f"runtime.worker_kind={kind}", "runtime.worker_threads=1"]))
-    a, b = tmp_path / "sync" / "tiny_grpo", tmp_path / "async" / "tiny_grpo"
+    a, b = tiny_grpo_run, tmp_path / "async" / "tiny_grpo"
     ra, rb = _rows(a), _rows(b)
     assert len(ra) == 4 and ra == rb, "async at staleness 0 must reproduce the synchronous losses and metrics"
     wa, wb = _final(a), _final(b)
@@ -187,13 +186,12 @@ def test_a_crashed_async_run_resumes_from_its_checkpoint_and_buffer(tmp_path, mo
     assert {u.split("/")[0] for u in taken if taken[u] >= 5} <= {"5.0e1", "6.0e1"}
 
 
-def test_two_data_parallel_trainers_train_like_one(tmp_path):
-    run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'one'}", *QUIET]))
+def test_two_data_parallel_trainers_train_like_one(tmp_path, tiny_grpo_run):
     run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'two'}", *QUIET, "runtime.trainers=2"]))
-    a, b = _final(tmp_path / "one" / "tiny_grpo"), _final(tmp_path / "two" / "tiny_grpo")
+    a, b = _final(tiny_grpo_run), _final(tmp_path / "two" / "tiny_grpo")
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     assert worst < 1e-5, f"max parameter difference {worst:.3g}"
-    ra, rb = _rows(tmp_path / "one" / "tiny_grpo"), _rows(tmp_path / "two" / "tiny_grpo")
+    ra, rb = _rows(tiny_grpo_run), _rows(tmp_path / "two" / "tiny_grpo")
     assert [r["reward"] for r in ra] == pytest.approx([r["reward"] for r in rb], abs=1e-6)
 
 

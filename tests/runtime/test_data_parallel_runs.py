@@ -21,12 +21,11 @@ def _rewards(run: Path) -> list[float]:
 
 
 @pytest.mark.slow  # ~20 s; tests/rl/test_distributed.py checks fsdp2's update equality in the fast suite
-def test_fsdp2_trainers_train_like_one_and_resume_from_their_checkpoint(tmp_path):
-    run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'one'}", *QUIET]))
+def test_fsdp2_trainers_train_like_one_and_resume_from_their_checkpoint(tmp_path, tiny_grpo_run):
     two = [f"output_dir={tmp_path / 'two'}", *QUIET, "runtime.trainers=2", "runtime.data_parallel=fsdp2"]
     run_training(load_config(EXAMPLE, [*two, "train.steps=2"]))
     run_training(load_config(EXAMPLE, two), resume=True)
-    a, b = (tmp_path / "one" / "tiny_grpo", tmp_path / "two" / "tiny_grpo")
+    a, b = (tiny_grpo_run, tmp_path / "two" / "tiny_grpo")
     wa, wb = (load_file(r / "checkpoints" / "step_4" / "model.safetensors") for r in (a, b))
     assert wa.keys() == wb.keys(), "checkpoints hold the plain model's weights"
     worst = max((wa[k] - wb[k]).abs().max().item() for k in wa)

@@ -40,20 +40,19 @@ def test_tiny_grpo_trains_and_writes_everything(tmp_path):
     assert result["comparison"]["base"]["n"] == 8
 
 
-def test_resume_two_plus_two_equals_four_bit_for_bit(tmp_path):
-    common = ["log.progress=false", "log.tensorboard=false", "eval.before_after=false"]
-    run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'a'}", *common]))
+def test_resume_two_plus_two_equals_four_bit_for_bit(tmp_path, tiny_grpo_run):
+    common = ["log.progress=false", "log.tensorboard=false", "eval.before_after=false"]  # tiny_grpo_run's QUIET
     run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'b'}", "train.steps=2", *common]))
     run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'b'}", *common]), resume=True)
-    a, b = _weights(tmp_path / "a" / "tiny_grpo", 4), _weights(tmp_path / "b" / "tiny_grpo", 4)
+    a, b = _weights(tiny_grpo_run, 4), _weights(tmp_path / "b" / "tiny_grpo", 4)
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
-    ma = (tmp_path / "a" / "tiny_grpo" / "metrics.jsonl").read_text().splitlines()
+    ma = (tiny_grpo_run / "metrics.jsonl").read_text().splitlines()
     mb = (tmp_path / "b" / "tiny_grpo" / "metrics.jsonl").read_text().splitlines()
     strip = lambda rows: [without_clock(json.loads(r)) for r in rows]
     assert strip(ma) == strip(mb)
-    sa = torch.load(tmp_path / "a" / "tiny_grpo" / "checkpoints" / "step_4" / "trainer_state.pt", weights_only=False)
+    sa = torch.load(tiny_grpo_run / "checkpoints" / "step_4" / "trainer_state.pt", weights_only=False)
     sb = torch.load(tmp_path / "b" / "tiny_grpo" / "checkpoints" / "step_4" / "trainer_state.pt", weights_only=False)
     assert sa["data_position"] == sb["data_position"] == 8
     for (ka, va), (kb, vb) in zip(sa["optimizer"]["state"].items(), sb["optimizer"]["state"].items()):
@@ -71,23 +70,21 @@ def test_existing_run_dir_is_refused_without_resume(tmp_path):
         run_training(cfg)
 
 
-def test_export_writes_a_loadable_hf_directory(tmp_path):
+def test_export_writes_a_loadable_hf_directory(tmp_path, tiny_grpo_run):
     import pytest
 
     from longhaul.errors import LonghaulError
     from longhaul.rl.checkpoint import export_checkpoint
 
-    cfg = load_config(EXAMPLE, [f"output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false", "eval.before_after=false"])
-    run_training(cfg)
-    out = export_checkpoint(tmp_path / "tiny_grpo", 2, tmp_path / "exported")
+    out = export_checkpoint(tiny_grpo_run, 2, tmp_path / "exported")
     assert not (out / "trainer_state.pt").exists()
     model, _ = load_policy(str(out))
-    ref = _weights(tmp_path / "tiny_grpo", 2)
+    ref = _weights(tiny_grpo_run, 2)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in ref.items())
     with pytest.raises(LonghaulError, match="available steps: 2, 4"):
-        export_checkpoint(tmp_path / "tiny_grpo", 3, tmp_path / "x")
+        export_checkpoint(tiny_grpo_run, 3, tmp_path / "x")
     with pytest.raises(LonghaulError, match="not empty"):
-        export_checkpoint(tmp_path / "tiny_grpo", None, out)
+        export_checkpoint(tiny_grpo_run, None, out)
 
 
 def test_grpo_raises_reward_on_a_verifiable_task_within_50_steps(tmp_path):
