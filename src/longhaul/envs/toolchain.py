@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 from longhaul.errors import LonghaulError
-from longhaul.models.loader import cache_home
+from longhaul.home import cache_home
 
 DISTS = ("pytest", "pluggy", "iniconfig", "packaging", "ruff")
 MOUNT = "/opt/longhaul"

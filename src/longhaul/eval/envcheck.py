@@ -29,7 +29,7 @@ from typing import Callable
 
 from longhaul.envs.registry import Family, families, get_family
 from longhaul.errors import LonghaulError
-from longhaul.models.loader import cache_home
+from longhaul.home import cache_home
 
 MIN_VALID_FRACTION = 0.95  # a family with fewer valid tasks than this is failing as a whole
 EPISODE_LIMIT_S = 120.0  # one oracle or null episode, reset to verify

