@@ -161,3 +161,22 @@ def test_softmax_stats_equal_log_softmax(native, v, with_entropy, write_probs):
 def test_softmax_stats_refuses_a_target_outside_the_vocabulary(native):
     with pytest.raises(RuntimeError, match="outside the vocabulary"):
         native.softmax_stats(torch.randn(2, 10), torch.tensor([3, 10]), False, False)
+
+
+def test_rope_and_cache_equals_apply_rope_and_write(native):
+    from longhaul.inference.rope import apply_rope
+
+    hq, hkv, d, n = 6, 2, 16, 5
+    qkv = torch.randn(n, hq + 2 * hkv, d)
+    angles = torch.rand(n, d // 2) * 10
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    slots = torch.tensor([7, 0, 3, 12, 5])
+    ours, ref = KVCache(1, 4, 4, hkv, d), KVCache(1, 4, 4, hkv, d)
+    q = native.rope_and_cache(qkv, cos, sin, ours.k[0], ours.v[0], slots, hq)
+    qk = apply_rope(qkv[:, :hq + hkv], cos, sin)
+    ref.write(0, slots, qk[:, hq:], qkv[:, hq + hkv:])
+    torch.testing.assert_close(q, qk[:, :hq], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ours.k, ref.k, rtol=1e-6, atol=1e-6)
+    assert torch.equal(ours.v, ref.v)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        native.rope_and_cache(qkv, cos, sin, ours.k[0], ours.v[0], slots + 100, hq)

@@ -5,8 +5,9 @@ gate/up into another, nothing shared with the HF module), the forward over a fla
 tokens (every sequence's new tokens laid end to end, no padding in the linear layers),
 attention over the paged cache with PyTorch SDPA, and logits at the requested positions only.
 In fp32 on a CPU where `kernels.native()` builds, decode attention reads the blocks in place
-(`decode_attention`, no gather or mask), RMSNorm is the native one and the linears are its
-small-batch GEMM (`linear.pack`); prefill chunks keep SDPA.
+(`decode_attention`, no gather or mask), RoPE and the cache write are one pass
+(`rope_and_cache`), RMSNorm is the native one and the linears are its small-batch GEMM
+(`linear.pack`); prefill chunks keep SDPA.
 Does not own which tokens run (`scheduler`), the blocks (`block_manager`) or sampling.
 
 One forward serves every kind of step. A `BatchItem` is a sequence's new tokens starting at
@@ -237,12 +238,17 @@ class ModelRunner:
         rec = self.recorder
         if rec is not None:
             rec.begin(batch)
+        fused_cache = self._native_cache()
         for i, (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b) in enumerate(self._exec):
             x = self._rms_norm(h, ln1)
             qkv = linear(x, qkv_w, qkv_b).view(n, hq + 2 * hkv, d)
-            qk = apply_rope(qkv[:, :hq + hkv], cos, sin)  # (N, Hq + Hkv, D)
-            self.kv.write(i, batch.slot_mapping, qk[:, hq:], qkv[:, hq + hkv:])
-            o = linear(self.attention(i, qk[:, :hq], batch), o_w, o_b)
+            if fused_cache:  # RoPE and the cache write in one native pass
+                q = self.native.rope_and_cache(qkv, cos, sin, self.kv.k[i], self.kv.v[i], batch.slot_mapping, hq)
+            else:
+                qk = apply_rope(qkv[:, :hq + hkv], cos, sin)  # (N, Hq + Hkv, D)
+                self.kv.write(i, batch.slot_mapping, qk[:, hq:], qkv[:, hq + hkv:])
+                q = qk[:, :hq]
+            o = linear(self.attention(i, q, batch), o_w, o_b)
             h = h + o
             x = self._rms_norm(h, ln2)
             gu = linear(x, gu_w, gu_b)
@@ -257,6 +263,11 @@ class ModelRunner:
             rec.logits(logits)
         return logits
 
+    def _native_cache(self) -> bool:
+        """True when the native kernels may read and write the cache's storage directly (the
+        plain fp32 pool; a quantized cache keeps its own write and gather)."""
+        return self.native is not None and type(self.kv) is KVCache and self.kv.dtype == torch.float32
+
     def _rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self.native is not None:
             return self.native.rms_norm(x, w, self.eps)
@@ -270,7 +281,7 @@ class ModelRunner:
         """
         hkv, g, d = self.num_kv_heads, self.group, self.head_dim
         outs = []
-        if b.num_decode and self.native is not None and type(self.kv) is KVCache and self.kv.dtype == torch.float32:
+        if b.num_decode and self._native_cache():
             bd = b.num_decode
             o = self.native.decode_attention(q[:bd], self.kv.k[layer], self.kv.v[layer], b.decode_block_tables, b.decode_lens,
                                              self.kv.block_size, d ** -0.5)

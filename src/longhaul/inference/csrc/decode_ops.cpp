@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -19,6 +20,7 @@
 namespace {
 
 using longhaul::exp256;
+using longhaul::hmax;
 using longhaul::hsum;
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -32,6 +34,26 @@ inline float dot(const float* a, const float* b, int64_t n) {
   float s = hsum(_mm256_add_ps(acc0, acc1));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+// q . k for 8 keys at once (D a multiple of 8): one accumulator a key, reduced together.
+inline __m256 dot8(const float* q, const float* const* k, int64_t D) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (int64_t i = 0; i < D; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + i), a0);
+    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + i), a1);
+    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + i), a2);
+    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + i), a3);
+    a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[4] + i), a4);
+    a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[5] + i), a5);
+    a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[6] + i), a6);
+    a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[7] + i), a7);
+  }
+  // pairwise sums: lane j of the result is key j's dot product
+  const __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
 }
 
 }  // namespace
@@ -67,13 +89,28 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
       const int64_t b = t / Hkv, h = t % Hkv, L = lp[b];
       if (L == 0) continue;
       slot.resize(L);
-      for (int64_t p = 0; p < L; ++p) slot[p] = (btp[b * nb + p / block_size] * block_size + p % block_size) * Hkv + h;
+      for (int64_t p = 0, blk = 0; p < L; ++blk)  // block by block: no division a position
+        for (int64_t s0 = (btp[b * nb + blk] * block_size) * Hkv + h, j = 0; j < block_size && p < L; ++j, ++p)
+          slot[p] = s0 + j * Hkv;
       w.resize(G * L);
       for (int64_t g = 0; g < G; ++g) {
         const float* qv = qp + (b * Hq + h * G + g) * D;
         float* wg = w.data() + g * L;
         float mx = -INFINITY;
-        for (int64_t p = 0; p < L; ++p) {
+        int64_t p0 = 0;
+        if (D % 8 == 0) {
+          const __m256 scv = _mm256_set1_ps(sc);
+          __m256 mx8 = _mm256_set1_ps(-INFINITY);
+          for (; p0 + 8 <= L; p0 += 8) {
+            const float* keys[8];
+            for (int j = 0; j < 8; ++j) keys[j] = kp + slot[p0 + j] * D;
+            const __m256 s8 = _mm256_mul_ps(dot8(qv, keys, D), scv);
+            _mm256_storeu_ps(wg + p0, s8);
+            mx8 = _mm256_max_ps(mx8, s8);
+          }
+          mx = hmax(mx8);
+        }
+        for (int64_t p = p0; p < L; ++p) {
           wg[p] = dot(qv, kp + slot[p] * D, D) * sc;
           mx = std::max(mx, wg[p]);
         }
@@ -92,14 +129,18 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
         }
         sum += hsum(s8);
         const float inv = 1.f / sum;
-        float* o = op + (b * Hq + h * G + g) * D;
-        for (int64_t p = 0; p < L; ++p) {
-          const float* vv = vp + slot[p] * D;
-          const float a = wg[p] * inv;
+        for (int64_t p = 0; p < L; ++p) wg[p] *= inv;
+      }
+      // out[g] = sum_p w[g][p] v[p]: each value row read once for all G heads
+      float* o = op + (b * Hq + h * G) * D;  // the G heads' rows are adjacent: (G, D)
+      for (int64_t p = 0; p < L; ++p) {
+        const float* vv = vp + slot[p] * D;
+        for (int64_t g = 0; g < G; ++g) {
+          const __m256 av = _mm256_set1_ps(w[g * L + p]);
+          float* og = o + g * D;
           int64_t i = 0;
-          const __m256 av = _mm256_set1_ps(a);
-          for (; i + 8 <= D; i += 8) _mm256_storeu_ps(o + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(vv + i), _mm256_loadu_ps(o + i)));
-          for (; i < D; ++i) o[i] += a * vv[i];
+          for (; i + 8 <= D; i += 8) _mm256_storeu_ps(og + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(vv + i), _mm256_loadu_ps(og + i)));
+          for (; i < D; ++i) og[i] += w[g * L + p] * vv[i];
         }
       }
     }
@@ -127,4 +168,44 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
     }
   });
   return y;
+}
+
+// qkv (N, Hq + 2 Hkv, D) fp32: RoPE on q and k by cos, sin (N, D) (HF's half-split rotation),
+// rotated k and plain v stored at `slots` (N,) of one layer's k_cache, v_cache (slots, Hkv, D);
+// returns the rotated q (N, Hq, D).
+torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                             torch::Tensor k_cache, torch::Tensor v_cache, const torch::Tensor& slots, int64_t Hq) {
+  TORCH_CHECK(qkv.dim() == 3 && qkv.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat &&
+              sin.scalar_type() == at::kFloat, "rope_and_cache: qkv (N, H, D), cos and sin fp32");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == at::kFloat &&
+              v_cache.scalar_type() == at::kFloat, "rope_and_cache: the cache must be contiguous fp32");
+  const auto x = qkv.contiguous();
+  const auto c = cos.contiguous(), sn = sin.contiguous();
+  const auto sl = slots.to(at::kLong).contiguous();
+  const int64_t N = x.size(0), H = x.size(1), D = x.size(2), Hkv = k_cache.size(1), S = k_cache.size(0), half = D / 2;
+  TORCH_CHECK(H == Hq + 2 * Hkv && k_cache.size(2) == D && D % 2 == 0 && c.size(0) == N && c.size(1) == D,
+              "rope_and_cache: shapes do not match");
+  const int64_t* sp = sl.data_ptr<int64_t>();
+  for (int64_t n = 0; n < N; ++n) TORCH_CHECK(sp[n] >= 0 && sp[n] < S, "rope_and_cache: a slot is outside the cache");
+  auto q = torch::empty({N, Hq, D}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* cp = c.data_ptr<float>();
+  const float* snp = sn.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* cn = cp + n * D;
+      const float* sn_ = snp + n * D;
+      for (int64_t h = 0; h < Hq + Hkv; ++h) {
+        const float* in = xp + (n * H + h) * D;
+        float* out = h < Hq ? qp + (n * Hq + h) * D : kc + (sp[n] * Hkv + (h - Hq)) * D;
+        for (int64_t i = 0; i < half; ++i) out[i] = in[i] * cn[i] - in[i + half] * sn_[i];
+        for (int64_t i = half; i < D; ++i) out[i] = in[i] * cn[i] + in[i - half] * sn_[i];
+      }
+      std::copy(xp + (n * H + Hq + Hkv) * D, xp + (n * H + H) * D, vc + sp[n] * Hkv * D);
+    }
+  });
+  return q;
 }
