@@ -56,6 +56,22 @@ inline __m256 dot8(const float* q, const float* const* k, int64_t D) {
   return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
 }
 
+// o (DV * 8,) = sum_p w[p] v[slot[p]], the accumulators held in registers.
+template <int DV>
+inline void weighted_sum(const float* w, const int64_t* slot, int64_t L, const float* v, float* o) {
+  __m256 acc[DV];
+#pragma GCC unroll 16
+  for (int i = 0; i < DV; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < L; ++p) {
+    const float* vv = v + slot[p] * DV * 8;
+    const __m256 a = _mm256_set1_ps(w[p]);
+#pragma GCC unroll 16
+    for (int i = 0; i < DV; ++i) acc[i] = _mm256_fmadd_ps(a, _mm256_loadu_ps(vv + 8 * i), acc[i]);
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < DV; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
+}
+
 }  // namespace
 
 // q (B, Hq, D); k_cache, v_cache (slots, Hkv, D) of one layer; block_tables (B, nb) int64;
@@ -131,16 +147,17 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
         const float inv = 1.f / sum;
         for (int64_t p = 0; p < L; ++p) wg[p] *= inv;
       }
-      // out[g] = sum_p w[g][p] v[p]: each value row read once for all G heads
-      float* o = op + (b * Hq + h * G) * D;  // the G heads' rows are adjacent: (G, D)
-      for (int64_t p = 0; p < L; ++p) {
-        const float* vv = vp + slot[p] * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const __m256 av = _mm256_set1_ps(w[g * L + p]);
-          float* og = o + g * D;
-          int64_t i = 0;
-          for (; i + 8 <= D; i += 8) _mm256_storeu_ps(og + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(vv + i), _mm256_loadu_ps(og + i)));
-          for (; i < D; ++i) og[i] += w[g * L + p] * vv[i];
+      // out[g] = sum_p w[g][p] v[p], in registers when D is 64 or 128
+      for (int64_t g = 0; g < G; ++g) {
+        float* o = op + (b * Hq + h * G + g) * D;
+        const float* wg = w.data() + g * L;
+        if (D == 64) {
+          weighted_sum<8>(wg, slot.data(), L, vp, o);
+        } else if (D == 128) {
+          weighted_sum<16>(wg, slot.data(), L, vp, o);
+        } else {
+          for (int64_t p = 0; p < L; ++p)
+            for (int64_t i = 0; i < D; ++i) o[i] += wg[p] * vp[slot[p] * D + i];
         }
       }
     }
