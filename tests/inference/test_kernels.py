@@ -180,3 +180,14 @@ def test_rope_and_cache_equals_apply_rope_and_write(native):
     assert torch.equal(ours.v, ref.v)
     with pytest.raises(RuntimeError, match="outside the cache"):
         native.rope_and_cache(qkv, cos, sin, ours.k[0], ours.v[0], slots + 100, hq)
+
+
+@pytest.mark.parametrize("n,e", [(1, 576), (130, 64), (3, 13)])
+def test_rms_norm_backward_equals_autograd(native, n, e):
+    x = (torch.randn(n, e) * 2).requires_grad_()
+    w = torch.randn(e).requires_grad_()
+    g = torch.randn(n, e)
+    F.rms_norm(x, (e,), w, 1e-6).backward(g)
+    dx, dw = native.rms_norm_backward(g, x.detach(), w.detach(), 1e-6)
+    torch.testing.assert_close(dx, x.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dw, w.grad, rtol=1e-5, atol=1e-5)

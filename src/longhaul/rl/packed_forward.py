@@ -16,7 +16,8 @@ R "attention rows" (R, Tq) of queries against (R, Lk) keys with a mask, through 
 gathered into every completion's keys, so gradients from all N completions reach the prompt,
 as with `shared_prompt_logprobs`' repeated cache.
 
-Numerics: the same operations as HF's eager/SDPA Llama (RMSNorm in fp32 by `F.rms_norm`, HF's
+Numerics: the same operations as HF's eager/SDPA Llama (RMSNorm in fp32 by `F.rms_norm`, or in
+fp32 on CPU by the native kernels' forward and backward, equal to rounding; HF's
 rotary tables, RoPE with the tables in the hidden state's dtype as HF applies them); fp32 equals
 HF's forward to rounding (tests: 1e-5 on log-probs, 1e-4 relative on gradients).
 """
@@ -207,6 +208,33 @@ def _proj(x, y, *modules):
     return out.split([m.out_features for m in modules], dim=-1)
 
 
+class _NativeRMSNorm(torch.autograd.Function):
+    """F.rms_norm in fp32 on CPU through the native kernels (`kernels.native`): one pass
+    forward, one backward, instead of autograd's chain of pow / mean / rsqrt / mul ops."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps: float, native):
+        ctx.save_for_backward(x, weight)
+        ctx.eps, ctx.native = eps, native
+        return native.rms_norm(x, weight, eps)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        dx, dw = ctx.native.rms_norm_backward(g, x, weight, ctx.eps)
+        return dx, dw, None, None
+
+
+def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
+    """HF's RMSNorm module `norm` on rows x (N, E)."""
+    from longhaul.inference.kernels import native
+
+    kernels = native() if x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu") else None
+    if kernels is None or norm.weight.dtype != torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+    return _NativeRMSNorm.apply(x, norm.weight, norm.variance_epsilon, kernels)
+
+
 def _rope(x, cos, sin):
     """x (N, H, D) rotated by cos, sin (N, D), the tables in the hidden state's dtype (as HF)."""
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
@@ -228,11 +256,11 @@ def hidden_states(model, b: PackedBatch, stored: list[list[torch.Tensor]] | None
     for i, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
         ys = [None] * 4 if stored is None else stored[i]  # qkv, o, gate_up, down
-        x = F.rms_norm(h, (e,), layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+        x = _rms_norm(h, layer.input_layernorm)
         q, k, v = _proj(x, ys[0], attn.q_proj, attn.k_proj, attn.v_proj)
         q, k, v = _rope(q.view(n, hq, d), cos, sin), _rope(k.view(n, hkv, d), cos, sin), v.view(n, hkv, d)
         h = h + _proj(_attention(q, k, v, b, hkv), ys[1], attn.o_proj)[0]
-        x = F.rms_norm(h, (e,), layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        x = _rms_norm(h, layer.post_attention_layernorm)
         gate, up = _proj(x, ys[2], mlp.gate_proj, mlp.up_proj)
         h = h + _proj(F.silu(gate) * up, ys[3], mlp.down_proj)[0]
-    return F.rms_norm(h, (e,), base.norm.weight, base.norm.variance_epsilon)
+    return _rms_norm(h, base.norm)

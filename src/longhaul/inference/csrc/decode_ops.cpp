@@ -226,3 +226,42 @@ torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos,
   });
   return q;
 }
+
+// The gradient of `rms_norm` for g (N, E): dx = r (w g) - x r^3 mean(w g x), dw = sum_n g x r,
+// r = rsqrt(mean(x^2) + eps). -> (dx (N, E), dw (E,)). Threads sum dw in partial rows, added in
+// thread order, so the result does not depend on scheduling.
+std::vector<torch::Tensor> rms_norm_backward(const torch::Tensor& g, const torch::Tensor& x, const torch::Tensor& weight,
+                                             double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && g.sizes() == x.sizes() && g.scalar_type() == at::kFloat &&
+              weight.scalar_type() == at::kFloat && weight.numel() == x.size(1), "rms_norm_backward: g, x (N, E), weight (E,) fp32");
+  const auto xc = x.contiguous(), gc = g.contiguous(), wc = weight.contiguous();
+  const int64_t N = xc.size(0), E = xc.size(1);
+  constexpr int64_t kRows = 64;  // rows a partial dw: a fixed split, the same for any thread count
+  const int64_t parts = std::max<int64_t>(1, (N + kRows - 1) / kRows);
+  auto dx = torch::empty_like(xc);
+  auto partial = torch::zeros({parts, E}, xc.options());
+  const float* xp = xc.data_ptr<float>();
+  const float* gp = gc.data_ptr<float>();
+  const float* wp = wc.data_ptr<float>();
+  float* dxp = dx.data_ptr<float>();
+  float* pp = partial.data_ptr<float>();
+  at::parallel_for(0, parts, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      float* dw = pp + c * E;
+      for (int64_t n = c * kRows; n < std::min(N, (c + 1) * kRows); ++n) {
+        const float* xr = xp + n * E;
+        const float* gr = gp + n * E;
+        const float r = 1.f / std::sqrt(dot(xr, xr, E) / static_cast<float>(E) + static_cast<float>(eps));
+        float wgx = 0.f;
+        for (int64_t i = 0; i < E; ++i) wgx += wp[i] * gr[i] * xr[i];
+        const float k = r * r * r * wgx / static_cast<float>(E);
+        float* d = dxp + n * E;
+        for (int64_t i = 0; i < E; ++i) {
+          d[i] = r * wp[i] * gr[i] - xr[i] * k;
+          dw[i] += gr[i] * xr[i] * r;
+        }
+      }
+    }
+  });
+  return {dx, partial.sum(0)};
+}
