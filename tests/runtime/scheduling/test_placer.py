@@ -38,10 +38,11 @@ op_st = st.one_of(st.tuples(st.just("submit"), job_st), st.tuples(st.just("relea
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(caps=st.lists(st.tuples(st.integers(1, 32), st.integers(8, 128), st.integers(0, 8), st.integers(0, 2)), min_size=1, max_size=6),
        ops=st.lists(op_st, min_size=1, max_size=60), preset=st.sampled_from(sorted(PRESETS)),
-       reserve=st.sampled_from([None, 0.0, 100.0]))
-def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve):
+       reserve=st.sampled_from([None, 0.0, 100.0]), holds=st.sampled_from([(0, False), (2, False), (2, True)]))
+def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds):
     nodes = [Node(f"n{i}", Resources(c, m, g), f"rack{r}") for i, (c, m, g, r) in enumerate(caps)]
-    cfg = PRESETS[preset].model_copy(update={"reserve_after_s": reserve, "preempt_after_s": 30.0} if preset == "longhaul" else {})
+    cfg = PRESETS[preset].model_copy(update={"reserve_after_s": reserve, "preempt_after_s": 30.0, "hold_nodes": holds[0],
+                                             "easy_backfill": holds[1]} if preset == "longhaul" else {})
     placer = Placer(Cluster(nodes), cfg, {"d0": 1.0, "d1": 3.0})
     now, n = 0.0, 0
     for op, arg in ops:

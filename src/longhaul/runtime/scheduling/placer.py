@@ -16,8 +16,9 @@ With `hold_for_first`, a blocked head of the domain its priority's fair order se
 keeps its GPUs free for the rest of the pass (jobs ranked after it start only on GPUs beyond
 those): backfill then cannot hand an over-share domain the GPUs an under-share gang waits for.
 Not work-conserving, so bounded: one head a priority rank, one pass at a time; CPU-only jobs are
-not held. (EASY backfill would let in jobs that end before the gang could start; the placer
-knows no durations.)
+not held. With `hold_nodes` (holds.py), the first blocked heads of a pass hold whole nodes
+instead, the ones closest to fitting them; with `easy_backfill` those expected (by learnt
+estimates, durations.py) to fit them first, open to jobs expected to end before then.
 `order="fifo"` is one queue in submission order; without backfill a blocked head stops it.
 
 Pre-emption (`preempt`, `fair_preempt_after_s`): see `preemption.py`.
@@ -58,6 +59,8 @@ from pydantic import Field
 
 from longhaul.config import Section
 from longhaul.runtime.scheduling.cluster import Cluster, Resources
+from longhaul.runtime.scheduling.durations import Durations
+from longhaul.runtime.scheduling.holds import Holds
 from longhaul.runtime.scheduling.placement import PLACEMENT, FreeView, Job
 from longhaul.runtime.scheduling.preemption import Preemption
 from longhaul.runtime.scheduling.usage import Usage
@@ -87,6 +90,9 @@ class PlacerConfig(Section):
     age_after_s: float | None = Field(None, gt=0)  # a job waiting this long is ordered one priority higher (never for pre-emption); None: off (aging overrides the weights)
     domain_scan: int = Field(4, ge=1)  # jobs of one domain tried behind its blocked head
     hold_for_first: bool = False  # a blocked head of the domain served first keeps its GPUs free from jobs ranked after it for the pass (non-work-conserving)
+    hold_nodes: int = Field(0, ge=0)  # the first this many blocked heads of a pass (fair order) each keep the nodes closest to fitting them from jobs ranked after (holds.py)
+    easy_backfill: bool = False  # with hold_nodes: hold the nodes expected to fit the head first, open to jobs expected to end before it starts (learnt estimates, durations.py)
+    hold_candidates: int = Field(16, ge=1)  # with easy_backfill: nodes (those with the most free) whose expected fit time is weighed per held unit
     queue_order: Literal["submitted", "smallest"] = "submitted"  # within a domain (fair order): submission order, or fewest GPUs first (fewer jobs wait behind a gang; the domain's share is the same)
     min_class_share: float = Field(0.0, ge=0, le=0.5)  # a priority class with waiting jobs is guaranteed this share of the GPUs (no starvation under strict priorities); 0: strict
 
@@ -94,7 +100,8 @@ class PlacerConfig(Section):
 PRESETS = {
     # the fair order alone leaks to jobs that fit behind blocked under-share heads; strict priorities starve priority 0 in
     # peaks; fair-share victims only just after they saved (lost work 14,694 -> 3,549 GPU-h at full scale); a domain's small
-    # jobs before its gangs, and a 10% floor, bring the p99 below FIFO's (docs/scheduling.md has the figures)
+    # jobs before its gangs, and a 10% floor, bring the p99 below FIFO's (docs/scheduling.md has the figures); node holds with
+    # EASY backfill (hold_nodes=16, easy_backfill) took fairness 0.130 -> 0.119 but the p99 to 374 min, above FIFO's 352: off
     "longhaul": PlacerConfig(fair_preempt_after_s=300.0, fair_preempt_max_loss_s=60.0, hold_for_first=True, min_class_share=0.10,
                              queue_order="smallest"),
     "fifo": PlacerConfig(order="fifo", policy="first_fit", backfill=False, preempt=False, reserve_after_s=None),
@@ -117,7 +124,7 @@ class Running:
         return self.job.priority if self.priority is None else self.priority
 
 
-class Placer(Preemption):
+class Placer(Preemption, Holds):
     def __init__(self, cluster: Cluster, cfg: PlacerConfig = PlacerConfig(), weights: dict[str, float] | None = None):
         self.c, self.cfg = cluster, cfg
         self.policy = PLACEMENT.get_fn(cfg.policy)
@@ -134,6 +141,11 @@ class Placer(Preemption):
         self.evictions: dict[str, int] = defaultdict(int)  # job id -> times pre-empted
         self.held_by_priority: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # pre-emptible holdings
         self._failed: set = set()  # shapes that did not fit since resources last came back (free only shrinks meanwhile)
+        self._held: dict[int, float] = {}  # node held this pass for a blocked head -> until when others may use it (`hold_nodes`)
+        self._held_until: list[float] = []  # those times, sorted
+        self._failed_held: set = set()  # (shape, held nodes open to it) that did not fit this pass (forgotten with the holds)
+        self.durations = Durations()  # expected run times, learnt from finished runs
+        self._estimate_at_start: dict[str, float] = {}  # running job -> what it was expected to take when it started
         self._bonus: dict = {}  # priority -> (victim runs, what evicting them frees per node, its rack summaries), until resources change
         self._failed_preempt: set = set()  # (shape, priority) that pre-emption could not place, likewise
         self.by_priority: dict[int, dict[str, Running]] = defaultdict(dict)  # running pre-emptible jobs
@@ -228,19 +240,24 @@ class Placer(Preemption):
         self._dequeue(job)
         run = Running(job, list(nodes), now, load, rank)
         self.running[job.id] = run
+        if self.cfg.easy_backfill:
+            self._estimate_at_start[job.id] = self.durations.expect(job)
         evictable = self._evictable(job)
         if evictable:
             self.by_priority[run.rank][job.id] = run
         self._hold(job, +1, evictable, now)
         return run
 
-    def release(self, job_id: str, now: float | None = None) -> Running:
-        """A running job finished (or was stopped) at `now` (default: the latest pass): its
-        resources go back."""
+    def release(self, job_id: str, now: float | None = None, finished: bool = True) -> Running:
+        """A running job finished (or, not `finished`, was stopped) at `now` (default: the latest
+        pass): its resources go back; a finished run that was never pre-empted teaches the estimates."""
+        now = self.clock if now is None else now
         run = self.running.pop(job_id)
+        self._estimate_at_start.pop(job_id, None)
+        if finished and not self.evictions.get(job_id):
+            self.durations.observe(run.job, now - run.started)
         self.c.release(job_id)
-        self._hold(run.job, -1, self.by_priority[run.rank].pop(job_id, None) is not None,
-                   self.clock if now is None else now)
+        self._hold(run.job, -1, self.by_priority[run.rank].pop(job_id, None) is not None, now)
         self._failed.clear()
         return run
 
@@ -250,6 +267,7 @@ class Placer(Preemption):
         log: list[tuple[str, Running]] = []
         self.clock = now
         self._preempt_left = self.cfg.preempt_tries
+        self._held, self._held_until, self._failed_held = {}, [], set()
         for jid in list(self.reserved):
             self._attempt(self.jobs[jid], now, True, log)
         if self.cfg.order == "fifo":
@@ -276,7 +294,7 @@ class Placer(Preemption):
         for key in sorted(heap):
             first.setdefault(key[0], key[-1])
         heapq.heapify(heap)
-        tries, keep, holding = 0, 0, set()  # GPUs held free for blocked heads, and their ranks (one a rank)
+        tries, keep, holding, holds = 0, 0, set(), 0  # GPUs held free for blocked heads, their ranks (one a rank); heads with held nodes
         while heap and tries < cfg.scan_limit:
             key = heapq.heappop(heap)
             d = key[-1]
@@ -298,6 +316,9 @@ class Placer(Preemption):
                 if pos == 0 and cfg.hold_for_first and first.get(rank) == d and rank not in holding:
                     holding.add(rank)
                     keep += job.total[2]
+                if pos == 0 and holds < cfg.hold_nodes and job.total[2]:
+                    holds += 1
+                    self._hold_for(job, now)
             if placed and q:
                 heapq.heappush(heap, self._heap_key(d, q[0], now))
             elif not placed and not cfg.backfill:
@@ -326,14 +347,22 @@ class Placer(Preemption):
         (`may_reserve`: its domain came first in the fair order when the pass began)."""
         own = self.reserved.get(job.id, set())
         shape = (tuple(sorted(job.needs)), job.checkpoint_gb >= self.cfg.colocate_gb)
-        nodes = None
-        if (own or shape not in self._failed) and all(t <= f for t, f in zip(job.total, self.c.free_total)):
-            nodes = self.policy(FreeView(self.c, blocked=self.node_reserved.keys() - own), job, self.cfg)
+        end = now + self.durations.expect(job) if self._held else now
+        held_key = (shape, self._open_held(end)) if self._held else None  # jobs with one key see the same held nodes
+        if not own and (shape in self._failed or held_key in self._failed_held):
+            nodes = None
+        elif any(t > f for t, f in zip(job.total, self.c.free_total)):
+            nodes, held_key = None, None
+        else:
+            nodes = self.policy(FreeView(self.c, blocked=self._blocked(own, end)), job, self.cfg)
         if nodes is not None:
             log.append(("start", self._start(job, nodes, now)))
             return True
-        if not own:
-            self._failed.add(shape)
+        if not own and shape not in self._failed and held_key not in self._failed_held:
+            if held_key is not None and self.policy(FreeView(self.c, blocked=self.node_reserved), job, self.cfg) is not None:
+                self._failed_held.add(held_key)  # only this pass's holds keep it out
+            else:
+                self._failed.add(shape)  # it does not fit anywhere until resources come back
         if not head:
             return False
         waited = now - self.waiting_since[job.id]

@@ -81,14 +81,14 @@ class Preemption:
         nodes = None
         if runs and all(t <= f + e for t, f, e in zip(job.total, c.free_total, total)):
             self._preempt_left -= 1
-            nodes = self.policy(FreeView(c, bonus, self.node_reserved.keys() - own, summaries), job, self.cfg)
+            nodes = self.policy(FreeView(c, bonus, self._blocked(own), summaries), job, self.cfg)
         chosen = self._plan_victims(job, nodes, runs, now, mode) if nodes is not None else None
         if chosen is None:
             if not own:
                 self._failed_preempt.add(key)
             return False
         for victim in chosen:
-            self.release(victim.job.id, now)
+            self.release(victim.job.id, now, finished=False)
             self._requeue(victim.job, now)
             self.preemptions += 1
             self.evictions[victim.job.id] += 1
