@@ -15,13 +15,21 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     # reuse the user's prepared cache when there is one, else prepare into the test home
+    # (only for this module: later tests must keep the test home and its envcheck manifest)
     home = Path(os.environ.get("LONGHAUL_REAL_HOME", Path.home() / ".cache" / "longhaul"))
+    test_home = os.environ.get("LONGHAUL_HOME")
     if (home / "models" / "smollm2-135m-instruct" / "config.json").is_file():
         os.environ["LONGHAUL_HOME"] = str(home)
     from longhaul.models import load_policy, prepare_builtin
 
-    prepare_builtin("smollm2-135m-instruct", log=lambda s: None)
-    return load_policy("smollm2-135m-instruct")
+    try:
+        prepare_builtin("smollm2-135m-instruct", log=lambda s: None)
+        yield load_policy("smollm2-135m-instruct")
+    finally:
+        if test_home is None:
+            os.environ.pop("LONGHAUL_HOME", None)
+        else:
+            os.environ["LONGHAUL_HOME"] = test_home
 
 
 def test_smollm2_shape_and_greedy_matches_hf(smollm2):
