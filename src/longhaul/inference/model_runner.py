@@ -71,7 +71,7 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # (S,) rows of N, in item order
     num_decode: int  # Bd: items with one new token, tokens [0, Bd) of N
     decode_block_tables: torch.Tensor | None  # (Bd, nb)
-    decode_mask: torch.Tensor | None  # (Bd, 1, 1, nb * block_size), True = attend
+    decode_mask: torch.Tensor | None  # (Bd, 1, 1, nb * block_size), True = attend; None for the native attention
     decode_lens: torch.Tensor | None  # (Bd,) context lengths, this step's token included
     chunks: list[tuple[int, int, torch.Tensor, torch.Tensor]]  # (offset in N, T, block table (1, nb), mask (G*T, L))
     owners: list[tuple[list[int], int, int, int]] | None = None  # with a recorder: (block table, start, tokens, offset in N) an item
@@ -210,7 +210,8 @@ class ModelRunner:
             nb = max(len(it.block_table) for it in dec)
             decode_bt = torch.tensor([it.block_table + [0] * (nb - len(it.block_table)) for it in dec], device=dev)
             ctx = torch.tensor([it.start + 1 for it in dec], device=dev)
-            decode_mask = (torch.arange(nb * bs, device=dev)[None, :] < ctx[:, None])[:, None, None, :]
+            if not self._native_cache():  # the native attention reads the lengths, not a mask
+                decode_mask = (torch.arange(nb * bs, device=dev)[None, :] < ctx[:, None])[:, None, None, :]
         chunks = []
         for i in order[len(dec):]:
             it = items[i]
