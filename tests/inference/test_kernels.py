@@ -191,3 +191,115 @@ def test_rms_norm_backward_equals_autograd(native, n, e):
     dx, dw = native.rms_norm_backward(g, x.detach(), w.detach(), 1e-6)
     torch.testing.assert_close(dx, x.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dw, w.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_mm_into_writes_the_given_rows(native):
+    gen = torch.Generator().manual_seed(3)
+    w, x = torch.randn(40, 24, generator=gen), torch.randn(5, 24, generator=gen)
+    lin = SmallBatchLinear(w, None, native)
+    store = torch.full((9, 40), 7.0)
+    got = lin(x, out=store[2:7])
+    assert got.data_ptr() == store[2:7].data_ptr()
+    torch.testing.assert_close(store[2:7], lin(x), rtol=0, atol=0)  # the same kernel either way
+    assert (store[:2] == 7).all() and (store[7:] == 7).all()  # rows outside untouched
+    with pytest.raises(RuntimeError, match="mm_into"):
+        lin(x, out=torch.empty(5, 41))
+    with pytest.raises(RuntimeError, match="mm_into"):
+        lin(x, out=torch.empty(5, 80)[:, ::2])  # not contiguous
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_swiglu_and_its_gradient_equal_autograd(native, fused):
+    gen = torch.Generator().manual_seed(5)
+    n, f = 37, 203  # F not a multiple of 8: the scalar tail too
+    gu = (torch.randn(n, 2 * f, generator=gen) * 4).double()  # wide range: both sigmoid tails
+    gu[0, :8], gu[1, :8] = 100.0, -100.0  # past the AVX2 exp's clamp at +-87
+    gate, up = gu[:, :f], gu[:, f:]
+    ref = F.silu(gate) * up  # in fp64
+    dout = torch.randn(n, f, generator=gen).double()
+    gu64 = gu.detach().clone().requires_grad_()
+    (F.silu(gu64[:, :f]) * gu64[:, f:]).backward(dout)
+    g_ref = gu64.grad
+    g32 = gu.detach().float()
+    if fused:  # views of one (N, 2F) tensor (row stride 2F), the gradient into one buffer
+        gate32, up32 = g32[:, :f], g32[:, f:]
+        dgu = torch.empty(n, 2 * f)
+        dgate, dup = dgu[:, :f], dgu[:, f:]
+    else:  # two tensors of their own (row stride F)
+        gate32, up32 = g32[:, :f].clone(), g32[:, f:].clone()
+        dgate, dup = torch.empty(n, f), torch.empty(n, f)
+    out = native.swiglu(gate32, up32)
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-5)
+    native.swiglu_backward(dout.float(), gate32, up32, dgate, dup)
+    torch.testing.assert_close(torch.cat([dgate, dup], dim=1).double(), g_ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="swiglu"):
+        native.swiglu(gate32, up32[:, 1:])
+
+
+def _layout(seed=0):
+    """A pack_shared layout: a prompt of 5 and completions of 4, 1 and 6 tokens."""
+    from longhaul.rl.packed_forward import pack_shared
+
+    gen = torch.Generator().manual_seed(seed)
+    tok = lambda k: torch.randint(10, 90, (k,), generator=gen).tolist()  # noqa: E731
+    return pack_shared(tok(5), [tok(4), tok(1), tok(6)], 0)
+
+
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 8), (6, 3, 64), (2, 2, 16)])
+def test_attention_pack_and_unpack_equal_the_torch_layout_and_their_gradients_equal_autograd(native, hq, hkv, d):
+    from longhaul.inference.rope import rotate_half
+
+    b = _layout()
+    n = b.input_ids.numel()
+    gen = torch.Generator().manual_seed(hq * 100 + d)
+    R, Tq = b.q_index.shape
+    Lk, g = b.kv_index.shape[1], hq // hkv
+    ang = b.positions[:, None].double() * torch.rand(d // 2, generator=gen).double()[None]
+    cos, sin = torch.cat([ang.cos()] * 2, 1), torch.cat([ang.sin()] * 2, 1)
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, generator=gen).double().requires_grad_()
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=1)
+    rope = lambda x: x * cos[:, None] + rotate_half(x) * sin[:, None]  # noqa: E731
+    qr, kr, vr = rope(q.view(n, hq, d)), rope(k.view(n, hkv, d)), v.view(n, hkv, d)
+    # the reference layout, by index_select (as `packed_forward._attention`), pads zeroed
+    qp = qr.index_select(0, b.q_index.reshape(-1)).view(R, Tq, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(R, hkv, g * Tq, d)
+    kp = kr.index_select(0, b.kv_index.reshape(-1)).view(R, Lk, hkv, d).transpose(1, 2)
+    vp = vr.index_select(0, b.kv_index.reshape(-1)).view(R, Lk, hkv, d).transpose(1, 2)
+    qpad = (torch.arange(Tq)[None] < b.q_len[:, None]).repeat(1, g)[:, None, :, None]  # (R, 1, G Tq, 1)
+    kpad = (torch.arange(Lk)[None] < b.kv_len[:, None])[:, None, :, None]
+    qp, kp, vp = qp * qpad, kp * kpad, vp * kpad
+    x32 = qkv.detach().float()
+    views = [x32[:, :hq * d].view(n, hq, d), x32[:, hq * d:(hq + hkv) * d].view(n, hkv, d), x32[:, (hq + hkv) * d:].view(n, hkv, d)]
+    got = native.attention_pack(*views, cos.float(), sin.float(), b.q_index, b.q_len, b.kv_index, b.kv_len)
+    for have, want in zip(got, (qp, kp, vp)):
+        assert have.shape == want.shape and have.is_contiguous()
+        torch.testing.assert_close(have.double(), want.detach(), rtol=1e-5, atol=1e-5)
+    # backward: random upstream gradients at the real entries (pads get none from SDPA)
+    dqp, dkp, dvp = (torch.randn(t.shape, generator=gen).double() * m for t, m in ((qp, qpad), (kp, kpad), (vp, kpad)))
+    want = torch.autograd.grad((qp * dqp).sum() + (kp * dkp).sum() + (vp * dvp).sum(), qkv)[0]
+    whole = torch.full((n, (hq + 2 * hkv) * d), float("nan"))  # every entry must be written
+    parts = [whole[:, :hq * d].view(n, hq, d), whole[:, hq * d:(hq + hkv) * d].view(n, hkv, d), whole[:, (hq + hkv) * d:].view(n, hkv, d)]
+    native.attention_pack_backward(dqp.float(), dkp.float().transpose(1, 2).contiguous().transpose(1, 2), dvp.float(), cos.float(),
+                                   sin.float(), b.out_index, b.kv_index, b.kv_len, *parts)
+    torch.testing.assert_close(whole.double(), want, rtol=1e-5, atol=1e-5)
+    # unpack: flat row n's heads from its query slot, and back
+    o = torch.randn(R, hkv, g * Tq, d, generator=gen)
+    ref = o.view(R, hkv, g, Tq, d).permute(0, 3, 1, 2, 4).reshape(R * Tq, hq * d).index_select(0, b.out_index)
+    torch.testing.assert_close(native.attention_unpack(o, b.out_index, hq), ref, rtol=0, atol=0)
+    gflat = torch.randn(n, hq * d, generator=gen)
+    o64 = o.double().requires_grad_()
+    ref64 = o64.view(R, hkv, g, Tq, d).permute(0, 3, 1, 2, 4).reshape(R * Tq, hq * d).index_select(0, b.out_index)
+    want_o = torch.autograd.grad(ref64, o64, gflat.double())[0]
+    torch.testing.assert_close(native.attention_unpack_backward(gflat, b.out_index, R, Tq, hkv, hq).double(), want_o, rtol=0, atol=0)
+
+
+def test_attention_pack_refuses_indices_outside_the_rows(native):
+    b = _layout()
+    n = b.input_ids.numel()
+    q, kv = torch.randn(n, 4, 8), torch.randn(n, 2, 8)
+    cs = torch.randn(n, 8)
+    bad = b.kv_index.clone()
+    bad[0, 0] = n
+    with pytest.raises(RuntimeError, match="key index"):
+        native.attention_pack(q, kv, kv, cs, cs, b.q_index, b.q_len, bad, b.kv_len)
+    with pytest.raises(RuntimeError, match="out of range"):
+        native.attention_unpack(torch.randn(1, 2, 2, 8), b.out_index, 4)

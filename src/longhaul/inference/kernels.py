@@ -76,7 +76,8 @@ def native():
         return load(name="longhaul_cpu_kernels", sources=[str(s) for s in sources], build_directory=str(out),
                     extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # a compiler or linker error: the engine still runs on oneDNN
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        lines = str(e).strip().splitlines()
+        first = next((ln for ln in lines if "error:" in ln), lines[0] if lines else type(e).__name__)
         _unavailable(f"build failed: {first[:200]}")
         return None
 

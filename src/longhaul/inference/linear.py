@@ -26,12 +26,18 @@ import torch
 import torch.nn.functional as F
 
 
-def linear(x: torch.Tensor, w, b: torch.Tensor | None = None) -> torch.Tensor:
-    """x (N, K) @ w.T (+ b) -> (N, M) for a weight tensor (M, K) or a callable weight."""
+def linear(x: torch.Tensor, w, b: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (N, K) @ w.T (+ b) -> (N, M) for a weight tensor (M, K) or a callable weight; with
+    `out` (a contiguous (N, M) tensor, e.g. rows of a recording buffer) the result is written
+    there and `out` returned (straight from the native kernel, else by a copy)."""
+    if out is not None and b is None and isinstance(w, SmallBatchLinear):
+        return w(x, out=out)
     if callable(w):
         y = w(x)
-        return y if b is None else y + b
-    return F.linear(x, w, b)
+        y = y if b is None else y + b
+    else:
+        y = F.linear(x, w, b)
+    return y if out is None else out.copy_(y)
 
 
 def _packable(w: torch.Tensor) -> bool:
@@ -69,7 +75,9 @@ class SmallBatchLinear:
         padded = self.weight.shape[0] * self.weight.shape[2]
         self.bias = torch.empty(0) if bias is None else F.pad(bias.detach().float(), (0, padded - self.out_features)).contiguous()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is not None:  # (N, M) contiguous: the kernel writes there
+            return self._kernel.mm_into(x.reshape(-1, self.in_features), self.weight, self.out_features, self.bias, out)
         y = self._kernel.mm(x.reshape(-1, self.in_features), self.weight, self.out_features, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 

@@ -240,24 +240,23 @@ class ModelRunner:
         if rec is not None:
             rec.begin(batch)
         fused_cache = self._native_cache()
+        nothing = (None,) * 4
         for i, (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b) in enumerate(self._exec):
+            # a recorded forward: the projections are written straight into the recorder's rows
+            outs = rec.outputs(i) if rec is not None else nothing
             x = self._rms_norm(h, ln1)
-            qkv = linear(x, qkv_w, qkv_b).view(n, hq + 2 * hkv, d)
+            qkv = linear(x, qkv_w, qkv_b, outs[0]).view(n, hq + 2 * hkv, d)
             if fused_cache:  # RoPE and the cache write in one native pass
                 q = self.native.rope_and_cache(qkv, cos, sin, self.kv.k[i], self.kv.v[i], batch.slot_mapping, hq)
             else:
                 qk = apply_rope(qkv[:, :hq + hkv], cos, sin)  # (N, Hq + Hkv, D)
                 self.kv.write(i, batch.slot_mapping, qk[:, hq:], qkv[:, hq + hkv:])
                 q = qk[:, :hq]
-            o = linear(self.attention(i, q, batch), o_w, o_b)
-            h = h + o
+            h = h + linear(self.attention(i, q, batch), o_w, o_b, outs[1])
             x = self._rms_norm(h, ln2)
-            gu = linear(x, gu_w, gu_b)
-            gate, up = gu.chunk(2, dim=-1)
-            down = linear(F.silu(gate) * up, down_w, down_b)
-            h = h + down
-            if rec is not None:
-                rec.layer(i, qkv.view(n, -1), o, gu, down)
+            gate, up = linear(x, gu_w, gu_b, outs[2]).chunk(2, dim=-1)
+            act = self.native.swiglu(gate, up) if self.native is not None and gate.dtype == torch.float32 else F.silu(gate) * up
+            h = h + linear(act, down_w, down_b, outs[3])
         h = self._rms_norm(h.index_select(0, batch.logits_indices), self.norm)
         logits = linear(h, self._lm_head).float()
         if rec is not None:

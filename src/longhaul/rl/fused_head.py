@@ -69,19 +69,24 @@ def _native():
     return native()
 
 
-def _forward(hidden, weight, targets, temperature: float, with_entropy: bool, keep_p: bool, head=None, logits=None):
+def _forward(hidden, weight, targets, temperature: float, with_entropy: bool, keep_p: bool, head=None, logits=None,
+             scratch: bool = False):
     """-> logp (M,), entropy (M,) or None, the softmax (M, V) if keep_p, the matmul dtype."""
     dt = _mm_dtype()
     w = head if head is not None else weight.detach().to(dt) if dt is not None else weight.detach()  # cast once, not per chunk
     m, v = hidden.shape[0], weight.shape[0]
     logp = hidden.new_empty(m, dtype=torch.float32)
     ent = hidden.new_empty(m, dtype=torch.float32) if with_entropy else None
-    probs = torch.empty((m, v), dtype=torch.float32, device=hidden.device) if keep_p else None  # one buffer: two GEMMs backward
+    # the caller's logits become the softmax in place when they are scratch (fp32, contiguous)
+    scratch = scratch and logits is not None and logits.dtype == torch.float32 and logits.is_contiguous()
+    probs = None
+    if keep_p:  # one buffer: two GEMMs backward
+        probs = logits if scratch else torch.empty((m, v), dtype=torch.float32, device=hidden.device)
     for s in range(0, m, CHUNK):
         z = _logits(hidden[s:s + CHUNK].detach(), w, dt) if logits is None else logits[s:s + CHUNK].float()
-        if probs is not None:
+        if probs is not None and probs is not logits:
             z = probs[s:s + CHUNK].copy_(z)
-        elif logits is not None:
+        elif logits is not None and not scratch:
             z = z.clone()  # never scale the caller's logits in place
         if temperature != 1.0:
             z.div_(temperature)
@@ -94,8 +99,9 @@ def _forward(hidden, weight, targets, temperature: float, with_entropy: bool, ke
 
 class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, head=None, logits=None):
-        logp, ent, probs, dt = _forward(hidden, weight, targets, temperature, with_entropy, keep_p=True, head=head, logits=logits)
+    def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, head=None, logits=None, scratch=False):
+        logp, ent, probs, dt = _forward(hidden, weight, targets, temperature, with_entropy, keep_p=True, head=head, logits=logits,
+                                        scratch=scratch)
         ctx.save_for_backward(hidden, weight, targets)
         ctx.probs, ctx.temperature, ctx.dt = probs, temperature, dt
         if ent is not None:
@@ -115,17 +121,21 @@ class _HeadLogprobs(torch.autograd.Function):
             weight_mm, hidden_mm = weight, hidden
         grad_h = (gl @ weight_mm).to(hidden.dtype) if ctx.needs_input_grad[0] else None
         grad_w = (gl.t() @ hidden_mm).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        return grad_h, grad_w, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None
 
 
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                  with_entropy: bool = False, head=None, logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  with_entropy: bool = False, head=None, logits: torch.Tensor | None = None,
+                  logits_scratch: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """hidden (M, H), head weight (V, H), targets (M,) -> log p(target) at `temperature` (M,)
     float32, differentiable in hidden and weight; and the entropy (M,) (no grad) or None.
     `head`: an equivalent callable h -> h @ weight.T (a prepacked copy) for the forward's logits;
-    `logits` (M, V): those logits already computed (the sampler's, `rollout_activations`)."""
+    `logits` (M, V): those logits already computed (the sampler's, `rollout_activations`);
+    `logits_scratch`: the caller gives them up, so they are overwritten (by the softmax, then its
+    gradient) instead of copied (a ~180 MB copy a GRPO group)."""
     targets = targets.long()
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _HeadLogprobs.apply(hidden, weight, targets, float(temperature), with_entropy, head, logits)
-    logp, ent, _, _ = _forward(hidden, weight, targets, float(temperature), with_entropy, keep_p=False, head=head, logits=logits)
+        return _HeadLogprobs.apply(hidden, weight, targets, float(temperature), with_entropy, head, logits, logits_scratch)
+    logp, ent, _, _ = _forward(hidden, weight, targets, float(temperature), with_entropy, keep_p=False, head=head, logits=logits,
+                               scratch=logits_scratch)
     return logp, ent

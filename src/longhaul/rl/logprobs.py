@@ -71,7 +71,8 @@ def packed_logprobs(model, batch: packed_forward.PackedBatch, temperature: float
                     with_entropy: bool = False, entropy_grad: bool = False, recorded=None):
     """`completion_logprobs`' result for a `packed_forward.PackedBatch`: (B, T) log-probs, mask,
     entropy. `recorded`: (per layer the rows' [qkv, o, gate_up, down] outputs, logits (M, V)) of
-    the batch's rows from the sampler (`rollout_activations`), used instead of the forward's matmuls."""
+    the batch's rows from the sampler (`rollout_activations`), used instead of the forward's
+    matmuls; the call consumes them (the logits are overwritten)."""
     model = unwrap(model)
     dev = model.get_output_embeddings().weight.device
     pick, slot, mask = batch.pick.to(dev), batch.pick_slot.to(dev), batch.mask.to(dev)
@@ -86,7 +87,8 @@ def packed_logprobs(model, batch: packed_forward.PackedBatch, temperature: float
         else:
             head = model.get_output_embeddings()
             packed = packed_forward.fast_linear(head)  # the prepacked head for the forward's logits
-            lp, ent = head_logprobs(rows, head.weight, targets, temperature, with_entropy, None if packed is head else packed, logits)
+            lp, ent = head_logprobs(rows, head.weight, targets, temperature, with_entropy, None if packed is head else packed, logits,
+                                    logits_scratch=logits is not None)
     grid = lambda x: x.new_zeros(mask.numel()).index_copy(0, slot, x).view(mask.shape)  # noqa: E731  (M,) -> (B, T), 0 past ends
     return grid(lp), mask, None if ent is None else grid(ent)
 

@@ -16,6 +16,13 @@ R "attention rows" (R, Tq) of queries against (R, Lk) keys with a mask, through 
 gathered into every completion's keys, so gradients from all N completions reach the prompt,
 as with `shared_prompt_logprobs`' repeated cache.
 
+In fp32 on a CPU with the native kernels (`inference.kernels`, `csrc/train_ops.cpp`), RMSNorm,
+SwiGLU, and the move of q, k, v into SDPA's padded rows with RoPE on the way (and of its output
+back to the flat rows) are one native pass each way instead of chains of torch ops, and the
+gradients of a fused projection (qkv, gate_up) are written into one buffer instead of cat
+together from its parts. The boolean attention mask becomes SDPA's additive float mask once a
+forward, not once a layer and pass.
+
 Numerics: the same operations as HF's eager/SDPA Llama (RMSNorm in fp32 by `F.rms_norm`, or in
 fp32 on CPU by the native kernels' forward and backward, equal to rounding; HF's
 rotary tables, RoPE with the tables in the hidden state's dtype as HF applies them); fp32 equals
@@ -49,6 +56,8 @@ class PackedBatch:
     pick_slot: torch.Tensor  # (M,) that token's slot in the (B * T) completion grid
     targets: torch.Tensor  # (B, T) completion ids, pad_id past each end
     mask: torch.Tensor  # (B, T) float, 1 on completion tokens
+    q_len: torch.Tensor  # (R,) real queries of each attention row (the rest of q_index is padding)
+    kv_len: torch.Tensor  # (R,) real keys of each attention row
 
 
 def supports(model) -> bool:
@@ -70,6 +79,8 @@ def _layout(rows: list[tuple[list[int], int]], n: int):
     mask = torch.zeros((R, 1, Tq, Lk), dtype=torch.bool)
     mask[:, :, :, 0] = True
     out_index = torch.full((n,), -1, dtype=torch.long)
+    q_len = torch.tensor([t for _, t in rows], dtype=torch.long)
+    kv_len = torch.tensor([len(kv) for kv, _ in rows], dtype=torch.long)
     for r, (kv, t) in enumerate(rows):
         L = len(kv)
         kv_index[r, :L] = torch.tensor(kv)
@@ -78,7 +89,7 @@ def _layout(rows: list[tuple[list[int], int]], n: int):
         # query j sits at key position L - t + j and sees keys 0 .. L - t + j
         mask[r, 0, :t, :L] = torch.arange(L)[None, :] <= (L - t + torch.arange(t))[:, None]
     assert (out_index >= 0).all(), "every flat row must be queried exactly once"
-    return q_index, kv_index, mask, out_index
+    return q_index, kv_index, mask, out_index, q_len, kv_len
 
 
 def _completion_grid(completions: list[list[int]], picks: list[list[int]], pad_id: int):
@@ -97,10 +108,10 @@ def _completion_grid(completions: list[list[int]], picks: list[list[int]], pad_i
 
 
 def _batch(ids: list[int], pos: list[int], rows, completions: list[list[int]], picks: list[list[int]], pad_id: int) -> PackedBatch:
-    q_index, kv_index, mask, out_index = _layout(rows, len(ids))
+    q_index, kv_index, mask, out_index, q_len, kv_len = _layout(rows, len(ids))
     pick, slot, targets, cmask = _completion_grid(completions, picks, pad_id)
     return PackedBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long), q_index, kv_index, mask,
-                       out_index, pick, slot, targets, cmask)
+                       out_index, pick, slot, targets, cmask, q_len, kv_len)
 
 
 def pack_pairs(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> PackedBatch:
@@ -132,8 +143,9 @@ def pack_shared(prompt: list[int], completions: list[list[int]], pad_id: int) ->
     return _batch(ids, pos, rows, completions, picks, pad_id)
 
 
-def _attention(q, k, v, b: PackedBatch, hkv: int) -> torch.Tensor:
-    """q (N, Hq, D), k, v (N, Hkv, D) -> (N, Hq * D) over the batch's attention rows."""
+def _attention(q, k, v, b: PackedBatch, hkv: int, mask: torch.Tensor) -> torch.Tensor:
+    """q (N, Hq, D), k, v (N, Hkv, D) -> (N, Hq * D) over the batch's attention rows; `mask`
+    from `_sdpa_mask`."""
     n, hq, d = q.shape
     g = hq // hkv
     R, Tq = b.q_index.shape
@@ -141,10 +153,111 @@ def _attention(q, k, v, b: PackedBatch, hkv: int) -> torch.Tensor:
     qp = q.index_select(0, b.q_index.reshape(-1)).view(R, Tq, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(R, hkv, g * Tq, d)
     kp = k.index_select(0, b.kv_index.reshape(-1)).view(R, Lk, hkv, d).transpose(1, 2)
     vp = v.index_select(0, b.kv_index.reshape(-1)).view(R, Lk, hkv, d).transpose(1, 2)
-    mask = b.attn_mask.expand(R, g, Tq, Lk).reshape(R, 1, g * Tq, Lk)
     o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)  # (R, Hkv, G * Tq, D)
     o = o.view(R, hkv, g, Tq, d).permute(0, 3, 1, 2, 4).reshape(R * Tq, hq * d)
     return o.index_select(0, b.out_index)
+
+
+def _sdpa_mask(b: PackedBatch, g: int, dtype: torch.dtype) -> torch.Tensor:
+    """The attention mask with the G query heads of a KV head folded into the query length, as
+    an additive float mask (0 / -inf), made once a forward: given the boolean one, SDPA
+    converts it again in every layer's forward and backward (~0.1 s a GRPO step)."""
+    R, _, Tq, Lk = b.attn_mask.shape
+    allowed = b.attn_mask.expand(R, g, Tq, Lk).reshape(R, 1, g * Tq, Lk)
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+class _NativeAttentionPack(torch.autograd.Function):
+    """q, k, v flat rows -> SDPA's padded attention rows (`_attention`'s qp, kp, vp), RoPE on q
+    and k, in one native pass (`csrc/train_ops.cpp`); the backward writes one gradient per
+    input. Given one fused qkv (N, (Hq + 2 Hkv) D) (the recorded projection) instead of three
+    tensors, its gradient is one (N, (Hq + 2 Hkv) D) tensor too: no cat of the parts."""
+
+    @staticmethod
+    def forward(ctx, qkv, k, v, cos, sin, b: PackedBatch, hq: int, hkv: int, native):
+        n = qkv.shape[0]
+        d = cos.shape[1]
+        q = qkv if k is not None else qkv[:, :hq * d]
+        views = (q.view(n, hq, d), (k if k is not None else qkv[:, hq * d:(hq + hkv) * d]).view(n, hkv, d),
+                 (v if v is not None else qkv[:, (hq + hkv) * d:]).view(n, hkv, d))
+        ctx.save_for_backward(cos, sin)
+        ctx.fused, ctx.b, ctx.shape, ctx.native = k is None, b, (n, hq, hkv, d), native
+        return tuple(native.attention_pack(*views, cos, sin, b.q_index, b.q_len, b.kv_index, b.kv_len))
+
+    @staticmethod
+    def backward(ctx, dqp, dkp, dvp):
+        cos, sin = ctx.saved_tensors
+        n, hq, hkv, d = ctx.shape
+        b = ctx.b
+        if ctx.fused:
+            whole = torch.empty((n, (hq + 2 * hkv) * d), dtype=cos.dtype)
+            grads = [whole[:, :hq * d], whole[:, hq * d:(hq + hkv) * d], whole[:, (hq + hkv) * d:]]
+        else:
+            grads = [torch.empty((n, h * d), dtype=cos.dtype) for h in (hq, hkv, hkv)]
+        dq, dk, dv = (gr.view(n, h, d) for gr, h in zip(grads, (hq, hkv, hkv)))
+        ctx.native.attention_pack_backward(_unit_last(dqp), _unit_last(dkp), _unit_last(dvp), cos, sin, b.out_index,
+                                           b.kv_index, b.kv_len, dq, dk, dv)
+        if ctx.fused:
+            return whole, None, None, None, None, None, None, None, None
+        return grads[0], grads[1], grads[2], None, None, None, None, None, None
+
+
+class _NativeAttentionUnpack(torch.autograd.Function):
+    """SDPA's padded output (R, Hkv, G Tq, D) -> the flat rows (N, Hq D) (`_attention`'s last
+    two steps) in one native pass each way."""
+
+    @staticmethod
+    def forward(ctx, o, b: PackedBatch, hq: int, native):
+        ctx.b, ctx.shape, ctx.native = b, (o.shape[0], o.shape[1], o.shape[2] // (hq // o.shape[1]), hq), native
+        return native.attention_unpack(_unit_last(o), b.out_index, hq)
+
+    @staticmethod
+    def backward(ctx, g):
+        R, hkv, tq, hq = ctx.shape
+        return ctx.native.attention_unpack_backward(_unit_last(g), ctx.b.out_index, R, tq, hkv, hq), None, None, None
+
+
+def _native_attention(qkv, b: PackedBatch, cos, sin, hq: int, hkv: int, mask: torch.Tensor, native) -> torch.Tensor:
+    """`_attention` after RoPE, through the native layout kernels: qkv is the fused (N, width)
+    projection or its (q, k, v) parts."""
+    parts = (qkv[0], None, None) if len(qkv) == 1 else qkv
+    qp, kp, vp = _NativeAttentionPack.apply(*parts, cos, sin, b, hq, hkv, native)
+    o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
+    return _NativeAttentionUnpack.apply(o, b, hq, native)
+
+
+class _NativeSwiGLU(torch.autograd.Function):
+    """silu(gate) * up in one native pass each way. Given the fused gate_up (N, 2F) (the
+    recorded projection) instead of two tensors, its gradient is one (N, 2F) tensor: no cat."""
+
+    @staticmethod
+    def forward(ctx, gate, up, native):
+        ctx.fused, ctx.native = up is None, native
+        if up is None:
+            ctx.save_for_backward(gate)
+            f = gate.shape[1] // 2
+            gate, up = gate[:, :f], gate[:, f:]
+        else:
+            ctx.save_for_backward(gate, up)
+        return native.swiglu(gate, up)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = _unit_last(g)
+        if ctx.fused:
+            (gu,) = ctx.saved_tensors
+            f = gu.shape[1] // 2
+            dgu = torch.empty_like(gu)
+            ctx.native.swiglu_backward(g, gu[:, :f], gu[:, f:], dgu[:, :f], dgu[:, f:])
+            return dgu, None, None
+        gate, up = ctx.saved_tensors
+        dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+        ctx.native.swiglu_backward(g, gate, up, dgate, dup)
+        return dgate, dup, None
 
 
 _PACKED: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
@@ -199,13 +312,14 @@ class _StoredLinear(torch.autograd.Function):
         return (gx, None, *grads)
 
 
-def _proj(x, y, *modules):
+def _proj(x, y, *modules, fused: bool = False):
     """x through the modules' linears (prepacked where possible), or their recorded output y
-    (N, sum of out features), split per module."""
+    (N, sum of out features), split per module; `fused`: the recorded output whole (a list of one)."""
     if y is None:
         return [fast_linear(m)(x) for m in modules]
     out = _StoredLinear.apply(x, y, *(t for m in modules for t in (m.weight, m.bias)))
-    return out.split([m.out_features for m in modules], dim=-1)
+    # one piece is not split: the backward of a split copies its gradients back together
+    return [out] if fused or len(modules) == 1 else out.split([m.out_features for m in modules], dim=-1)
 
 
 class _NativeRMSNorm(torch.autograd.Function):
@@ -225,11 +339,15 @@ class _NativeRMSNorm(torch.autograd.Function):
         return dx, dw, None, None
 
 
-def _rms_norm(x: torch.Tensor, norm) -> torch.Tensor:
-    """HF's RMSNorm module `norm` on rows x (N, E)."""
+def _kernels(x: torch.Tensor):
+    """The native kernels when they can run on x (fp32 on CPU, no autocast), else None."""
     from longhaul.inference.kernels import native
 
-    kernels = native() if x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu") else None
+    return native() if x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu") else None
+
+
+def _rms_norm(x: torch.Tensor, norm, kernels=None) -> torch.Tensor:
+    """HF's RMSNorm module `norm` on rows x (N, E)."""
     if kernels is None or norm.weight.dtype != torch.float32:
         return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
     return _NativeRMSNorm.apply(x, norm.weight, norm.variance_epsilon, kernels)
@@ -253,14 +371,28 @@ def hidden_states(model, b: PackedBatch, stored: list[list[torch.Tensor]] | None
     n, e = h.shape
     cos, sin = base.rotary_emb(h[None], pos[None])
     cos, sin = cos[0], sin[0]  # (N, D)
+    # native only when the rotary tables span the whole head (the kernels rotate all D dims)
+    kernels = _kernels(h) if cos.dtype == torch.float32 and d % 2 == 0 and cos.shape[-1] == d else None
+    mask = None  # made at the first attention, in the dtype the projections produce
     for i, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
         ys = [None] * 4 if stored is None else stored[i]  # qkv, o, gate_up, down
-        x = _rms_norm(h, layer.input_layernorm)
-        q, k, v = _proj(x, ys[0], attn.q_proj, attn.k_proj, attn.v_proj)
-        q, k, v = _rope(q.view(n, hq, d), cos, sin), _rope(k.view(n, hkv, d), cos, sin), v.view(n, hkv, d)
-        h = h + _proj(_attention(q, k, v, b, hkv), ys[1], attn.o_proj)[0]
-        x = _rms_norm(h, layer.post_attention_layernorm)
-        gate, up = _proj(x, ys[2], mlp.gate_proj, mlp.up_proj)
-        h = h + _proj(F.silu(gate) * up, ys[3], mlp.down_proj)[0]
-    return _rms_norm(h, base.norm)
+        x = _rms_norm(h, layer.input_layernorm, kernels)
+        qkv = _proj(x, ys[0], attn.q_proj, attn.k_proj, attn.v_proj, fused=kernels is not None)
+        if mask is None or mask.dtype != qkv[0].dtype:
+            mask = _sdpa_mask(b, hq // hkv, qkv[0].dtype).to(dev)
+        if kernels is not None and all(t.dtype == torch.float32 for t in qkv):
+            a = _native_attention(qkv, b, cos, sin, hq, hkv, mask, kernels)
+        else:
+            q, k, v = qkv if len(qkv) == 3 else qkv[0].split([hq * d, hkv * d, hkv * d], dim=-1)
+            a = _attention(_rope(q.view(n, hq, d), cos, sin), _rope(k.view(n, hkv, d), cos, sin), v.view(n, hkv, d), b, hkv, mask)
+        h = h + _proj(a, ys[1], attn.o_proj)[0]
+        x = _rms_norm(h, layer.post_attention_layernorm, kernels)
+        gu = _proj(x, ys[2], mlp.gate_proj, mlp.up_proj, fused=kernels is not None)
+        if kernels is not None and all(t.dtype == torch.float32 for t in gu):
+            act = _NativeSwiGLU.apply(gu[0], gu[1] if len(gu) == 2 else None, kernels)
+        else:
+            gate, up = gu if len(gu) == 2 else gu[0].chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        h = h + _proj(act, ys[3], mlp.down_proj)[0]
+    return _rms_norm(h, base.norm, kernels)

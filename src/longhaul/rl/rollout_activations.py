@@ -93,12 +93,14 @@ class RolloutActivations:
                 e["row"][p], e["tok"][p], e["logit"][p] = (k, r), ids[r], ((k, lrow[r]) if r in lrow else None)
                 self._slots[slots[r]] = (k, r, ids[r], e["logit"][p])
 
-    def layer(self, i: int, *outs: torch.Tensor) -> None:
+    def outputs(self, i: int) -> list[torch.Tensor | None]:
+        """Where layer i of the forward in progress writes its [qkv, o, gate_up, down] outputs:
+        this forward's rows of the store (contiguous (n, width) views), or Nones when it is
+        not recorded."""
         if self._cur is None:
-            return
+            return [None] * 4
         first, n = self._cur["first"], self._cur["n"]
-        for dst, t in zip(self._store[i], outs):
-            dst[first:first + n].copy_(t)
+        return [dst[first:first + n] for dst in self._store[i]]
 
     def logits(self, logits: torch.Tensor) -> None:
         if self._cur is not None:

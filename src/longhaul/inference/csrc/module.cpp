@@ -4,6 +4,7 @@
 
 torch::Tensor pack(const torch::Tensor& w);
 torch::Tensor mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias);
+torch::Tensor mm_into(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias, torch::Tensor out);
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                                const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
                                double scale);
@@ -12,14 +13,35 @@ std::vector<torch::Tensor> rms_norm_backward(const torch::Tensor& g, const torch
                                              double eps);
 torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                              torch::Tensor k_cache, torch::Tensor v_cache, const torch::Tensor& slots, int64_t Hq);
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
+void swiglu_backward(const torch::Tensor& dout, const torch::Tensor& gate, const torch::Tensor& up, torch::Tensor dgate,
+                     torch::Tensor dup);
+std::vector<torch::Tensor> attention_pack(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& q_index,
+                                          const torch::Tensor& q_len, const torch::Tensor& kv_index,
+                                          const torch::Tensor& kv_len);
+void attention_pack_backward(const torch::Tensor& dqp, const torch::Tensor& dkp, const torch::Tensor& dvp,
+                             const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& out_index,
+                             const torch::Tensor& kv_index, const torch::Tensor& kv_len, torch::Tensor dq, torch::Tensor dk,
+                             torch::Tensor dv);
+torch::Tensor attention_unpack(const torch::Tensor& o, const torch::Tensor& out_index, int64_t Hq);
+torch::Tensor attention_unpack_backward(const torch::Tensor& g, const torch::Tensor& out_index, int64_t R, int64_t Tq,
+                                        int64_t Hkv, int64_t Hq);
 std::vector<torch::Tensor> softmax_stats(torch::Tensor z, const torch::Tensor& targets, bool with_entropy, bool write_probs);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "pack an fp32 weight (N, K) into 8-output panels");
   m.def("mm", &mm, "x (M, K) @ packed weight -> (M, N), plus an optional padded bias");
+  m.def("mm_into", &mm_into, "mm written into a given contiguous (M, N) tensor");
   m.def("decode_attention", &decode_attention, "one query token per sequence over the paged K/V cache");
   m.def("rms_norm", &rms_norm, "RMSNorm of rows, as HF's LlamaRMSNorm");
   m.def("rms_norm_backward", &rms_norm_backward, "the gradient of rms_norm: (dx, dweight)");
   m.def("rope_and_cache", &rope_and_cache, "RoPE on q and k, k and v stored in the paged cache; returns q");
+  m.def("swiglu", &swiglu, "silu(gate) * up");
+  m.def("swiglu_backward", &swiglu_backward, "the gradient of swiglu, written into (dgate, dup)");
+  m.def("attention_pack", &attention_pack, "flat q, k, v -> the padded attention rows, RoPE on q and k");
+  m.def("attention_pack_backward", &attention_pack_backward, "the gradient of attention_pack, written into (dq, dk, dv)");
+  m.def("attention_unpack", &attention_unpack, "the padded attention output -> flat rows (N, Hq D)");
+  m.def("attention_unpack_backward", &attention_unpack_backward, "the gradient of attention_unpack");
   m.def("softmax_stats", &softmax_stats, "per-row log p(target), entropy, and optionally the softmax in place");
 }

@@ -77,15 +77,11 @@ torch::Tensor pack(const torch::Tensor& w) {
   return out;
 }
 
-// x (M, K) fp32 @ panels -> (M, N); bias: empty or (ceil(N / 8) * 8,) zero padded.
-torch::Tensor mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "mm: x must be a 2-D fp32 CPU tensor");
-  TORCH_CHECK(wp.dim() == 3 && wp.size(2) == NR && wp.size(1) == x.size(1), "mm: packed weight does not match x");
-  const auto xc = x.contiguous();
-  const int64_t M = xc.size(0), K = xc.size(1), G = wp.size(0);
-  auto y = torch::empty({M, N}, xc.options());
-  if (M == 0) return y;
-  const float* xp = xc.data_ptr<float>();
+// x (M, K) fp32 @ panels -> y (M, N) (contiguous); bias: empty or (ceil(N / 8) * 8,) zero padded.
+static void mm_rows(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias, torch::Tensor& y) {
+  const int64_t M = x.size(0), K = x.size(1), G = wp.size(0);
+  if (M == 0) return;
+  const float* xp = x.data_ptr<float>();
   const float* w = wp.data_ptr<float>();
   const float* b = bias.numel() ? bias.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
@@ -102,11 +98,34 @@ torch::Tensor mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, con
   const int64_t chunk = std::max<int64_t>(1, G / (8 * threads));
   if (threads == 1 || G <= chunk) {
     run(0, G);
-    return y;
+    return;
   }
   std::atomic<int64_t> next{0};
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     for (int64_t g0; (g0 = next.fetch_add(chunk)) < G;) run(g0, std::min(G, g0 + chunk));
   });
+}
+
+static void check_mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "mm: x must be a 2-D fp32 CPU tensor");
+  TORCH_CHECK(wp.dim() == 3 && wp.size(2) == NR && wp.size(1) == x.size(1) && N > 0 && N <= wp.size(0) * NR,
+              "mm: packed weight does not match x");
+}
+
+torch::Tensor mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias) {
+  check_mm(x, wp, N);
+  const auto xc = x.contiguous();
+  auto y = torch::empty({xc.size(0), N}, xc.options());
+  mm_rows(xc, wp, N, bias, y);
   return y;
+}
+
+// `mm` written into out (M, N), a contiguous fp32 tensor (e.g. rows of a recording buffer).
+torch::Tensor mm_into(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias, torch::Tensor out) {
+  check_mm(x, wp, N);
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.dim() == 2 && out.size(0) == x.size(0) &&
+              out.size(1) == N, "mm_into: out must be a contiguous fp32 (M, N) tensor");
+  const auto xc = x.contiguous();
+  mm_rows(xc, wp, N, bias, out);
+  return out;
 }
