@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from longhaul.agent.single_turn import run_groups
+from longhaul.malloc import keep_freed_memory
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.hardware import native_bf16
 from longhaul.inference import SamplingParams, make_engine, sync_weights
@@ -119,6 +120,7 @@ def trl(steps: int, anchors: Path) -> list[float]:
 
 
 def main():
+    keep_freed_memory()  # as the `longhaul` command and its workers do
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--anchors", default=os.environ.get("ANCHORS", str(Path.home() / ".cache" / "longhaul-anchors")))

@@ -1,8 +1,15 @@
+import atexit
 import os
+import shutil
 import tempfile
 
-# Keep every test's model cache and runs away from the user's home.
-os.environ.setdefault("LONGHAUL_HOME", tempfile.mkdtemp(prefix="longhaul-test-home-"))
+# Keep every test's model cache and runs away from the user's home (and delete it at exit).
+if "LONGHAUL_HOME" not in os.environ:
+    os.environ["LONGHAUL_HOME"] = tempfile.mkdtemp(prefix="longhaul-test-home-")
+    atexit.register(shutil.rmtree, os.environ["LONGHAUL_HOME"], ignore_errors=True)
+# Some tests call the CLI's main() in this process; it would switch the whole test process to
+# keeping its peak heap (`longhaul.malloc`). tests/test_malloc.py checks that setting itself.
+os.environ.setdefault("LONGHAUL_MALLOC", "system")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

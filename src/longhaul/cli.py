@@ -344,6 +344,9 @@ def sandbox_run(
 
 
 def main(argv: list[str] | None = None) -> None:
+    from longhaul.malloc import keep_freed_memory
+
+    keep_freed_memory()  # training steps reuse their freed buffers instead of page-faulting them in again
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]

@@ -187,7 +187,9 @@ def _child_main(cfg_json: str, wid: int, transport, conn, box, threads: int, cap
     import torch
 
     from longhaul.config import RunConfig
+    from longhaul.malloc import keep_freed_memory
 
+    keep_freed_memory()
     cores = os.cpu_count() or 1
     torch.set_num_threads(threads)
     lock = threading.Lock()

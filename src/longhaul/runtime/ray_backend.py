@@ -58,6 +58,9 @@ class _TrainerActor:
     def __init__(self, threads: int):
         import torch
 
+        from longhaul.malloc import keep_freed_memory
+
+        keep_freed_memory()
         torch.set_num_threads(threads)
 
     def pid(self) -> int:
@@ -117,6 +120,9 @@ class _RolloutActor:
     def __init__(self, cfg_json: str, wid: int, threads: int | None, sandbox_pool=None):
         import torch
 
+        from longhaul.malloc import keep_freed_memory
+
+        keep_freed_memory()
         from longhaul.config import RunConfig
         from longhaul.runtime.rollout import worker_from_config
 
