@@ -114,13 +114,14 @@ def test_calls_per_reply_are_capped_and_submit_stops_the_rest(env):
 def test_verify_stops_background_processes_and_uses_a_fresh_copy(env):
     env.reset(task())
     obs(env, format_call("apply_patch", patch=FIX))
-    obs(env, format_call("run", command="(sleep 4; echo 'def add(a, b):\n    return 0' > m.py) & echo started"))
+    obs(env, format_call("run", command="(sleep 4.321; echo 'def add(a, b):\n    return 0' > m.py) & echo started"))
     s = env.verify()  # the background writer is stopped before the copy is taken
     assert s.passed
     import subprocess
 
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert "sleep 4" not in ps  # nothing the agent started outlives verify()
+    # nothing the agent started outlives verify() (an odd duration: no other process's `sleep 4...`)
+    assert not any(line.strip() == "sleep 4.321" for line in ps.splitlines())
 
 
 def test_verify_reports_syntax_and_timeouts(env):
