@@ -193,17 +193,12 @@ class _NativeAttentionPack(torch.autograd.Function):
         cos, sin = ctx.saved_tensors
         n, hq, hkv, d = ctx.shape
         b = ctx.b
-        if ctx.fused:
-            whole = torch.empty((n, (hq + 2 * hkv) * d), dtype=cos.dtype)
-            grads = [whole[:, :hq * d], whole[:, hq * d:(hq + hkv) * d], whole[:, (hq + hkv) * d:]]
-        else:
-            grads = [torch.empty((n, h * d), dtype=cos.dtype) for h in (hq, hkv, hkv)]
+        whole = torch.empty((n, (hq + 2 * hkv) * d), dtype=cos.dtype)  # the parts' gradients are its column views
+        grads = [whole[:, :hq * d], whole[:, hq * d:(hq + hkv) * d], whole[:, (hq + hkv) * d:]]
         dq, dk, dv = (gr.view(n, h, d) for gr, h in zip(grads, (hq, hkv, hkv)))
         ctx.native.attention_pack_backward(_unit_last(dqp), _unit_last(dkp), _unit_last(dvp), cos, sin, b.out_index,
                                            b.kv_index, b.kv_len, dq, dk, dv)
-        if ctx.fused:
-            return whole, None, None, None, None, None, None, None, None
-        return grads[0], grads[1], grads[2], None, None, None, None, None, None
+        return (*((whole, None, None) if ctx.fused else grads), None, None, None, None, None, None)
 
 
 class _NativeAttentionUnpack(torch.autograd.Function):
