@@ -136,6 +136,21 @@ def test_without_a_compiler_the_engine_says_why_and_keeps_torch_ops(tmp_path):
     assert int(out.stdout.strip()) > 0
 
 
+def test_prune_builds_keeps_the_current_and_the_most_recently_used(tmp_path):
+    dirs = [tmp_path / f"torch2.0.0-{i:012x}" for i in range(6)]
+    for age, d in enumerate(dirs):  # dirs[0] used last ... dirs[5] first
+        d.mkdir()
+        (d / ("lock" if age == 4 else "longhaul_cpu_kernels.so")).write_bytes(b"")  # dirs[4]: being built
+        os.utime(d, (1_000_000 - age * 1000,) * 2)
+    (tmp_path / "unrelated").mkdir()
+    current = dirs[5]  # the oldest, now loaded: marked used, never removed
+    removed = kernels.prune_builds(current, keep=2)
+    assert sorted(removed) == sorted([dirs[2], dirs[3]])
+    assert all(d.exists() for d in (dirs[0], dirs[1], dirs[4], current, tmp_path / "unrelated"))
+    assert current.stat().st_mtime > dirs[0].stat().st_mtime
+    assert kernels.prune_builds(tmp_path / "gone") == []  # a vanished cache is not an error
+
+
 @pytest.mark.parametrize("v", [49152, 1001, 7])
 @pytest.mark.parametrize("with_entropy,write_probs", [(False, False), (True, False), (False, True), (True, True)])
 def test_softmax_stats_equal_log_softmax(native, v, with_entropy, write_probs):

@@ -3,7 +3,9 @@
 Owns building and loading `csrc/*.cpp` (one module) with torch's C++ extension loader into
 `$LONGHAUL_KERNEL_CACHE/<torch version>-<source hash>/` (default `~/.cache/longhaul/kernels`,
 shared by every `LONGHAUL_HOME`: a build depends only on the sources, flags and torch; a file
-lock there keeps concurrent processes, e.g. Ray actors, from building twice), and saying why a kernel is unavailable.
+lock there keeps concurrent processes, e.g. Ray actors, from building twice; each load marks its
+directory used and removes all but the `KEEP_BUILDS` most recently used others, so source edits do
+not pile up builds), and saying why a kernel is unavailable.
 Does not own where a kernel is used (`linear.pack`, `ModelRunner`).
 
 A kernel is used only where it can run: an x86 CPU with AVX2 and FMA, a C++ compiler and
@@ -26,6 +28,7 @@ import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
+KEEP_BUILDS = 3  # other builds kept beside the one loaded (other checkouts, other torch versions)
 
 
 def _unavailable(why: str) -> None:
@@ -73,13 +76,33 @@ def native():
         out.mkdir(parents=True, exist_ok=True)
         if not any(out.glob("*.so")):
             print(f"longhaul: building the fp32 decode kernels into {out} (once, about a minute)", file=sys.stderr, flush=True)
-        return load(name="longhaul_cpu_kernels", sources=[str(s) for s in sources], build_directory=str(out),
-                    extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
+        module = load(name="longhaul_cpu_kernels", sources=[str(s) for s in sources], build_directory=str(out),
+                      extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # a compiler or linker error: the engine still runs on oneDNN
         lines = str(e).strip().splitlines()
         first = next((ln for ln in lines if "error:" in ln), lines[0] if lines else type(e).__name__)
         _unavailable(f"build failed: {first[:200]}")
         return None
+    prune_builds(out)
+    return module
+
+
+def prune_builds(current: Path, keep: int = KEEP_BUILDS) -> list[Path]:
+    """Mark `current` used and delete the builds beside it but the `keep` most recently used; a
+    build whose lock file exists (being built by another process) is left alone. A cache, so a
+    deleted build that is wanted again is rebuilt. Returns the directories removed."""
+    try:
+        os.utime(current)
+        others = [d for d in current.parent.glob("torch*-*") if d.is_dir() and d != current]
+        others.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    except OSError:  # a read-only or vanished cache: nothing to tidy
+        return []
+    removed = []
+    for d in others[keep:]:
+        if not (d / "lock").exists():
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 if __name__ == "__main__":
