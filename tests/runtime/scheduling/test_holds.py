@@ -126,3 +126,28 @@ def test_only_runs_that_finished_uninterrupted_teach_the_estimates():
     p.schedule(50.0)
     p.release("low", 80.0)  # a restarted run: not counted either
     assert p.durations.expect(Job("x", "d", (_unit(8),))) == 45.0
+
+
+def test_entitled_holds_hold_nodes_only_for_domains_under_their_entitlement():
+    p = _busy_pair(hold_nodes=1, entitled_holds=True)
+    assert _gang_and_small_jobs(p) == ["small0", "small1"]  # poor holds nothing and waits: under, so node 1 is held
+    p = _busy_pair(hold_nodes=1, entitled_holds=True)
+    p.submit(_job("rich-gang", 8, at=1.0), 1.0)  # rich's own gang heads the pass: rich is all its class uses, not under
+    for k in range(4):
+        p.submit(_job(f"small{k}", 1, at=2.0), 2.0)
+    assert _started(p.schedule(10.0)) == [f"small{k}" for k in range(4)]  # nothing held: two of them on node 1
+    p = _busy_pair(hold_nodes=1)
+    p.submit(_job("rich-gang", 8, at=1.0), 1.0)
+    for k in range(4):
+        p.submit(_job(f"small{k}", 1, at=2.0), 2.0)
+    assert _started(p.schedule(10.0)) == ["small0", "small1"]  # every blocked head holds: node 1 is kept for rich's gang
+
+
+def test_hold_for_under_keeps_gpus_from_domains_not_under_their_share_only():
+    def started(**cfg):
+        p = _busy_pair(**cfg)
+        p.submit(_job("other0", 1, domain="other", at=2.0), 2.0)  # a third domain, under its share like poor
+        return _gang_and_small_jobs(p)
+    assert started() == ["other0"] + [f"small{k}" for k in range(4)]
+    # poor's gang keeps its 8 GPUs (half the cluster's 16) from rich, over its share; other, under its own, still starts
+    assert started(hold_for_under=0.5) == ["other0"]

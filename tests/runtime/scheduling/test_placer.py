@@ -38,11 +38,12 @@ op_st = st.one_of(st.tuples(st.just("submit"), job_st), st.tuples(st.just("relea
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(caps=st.lists(st.tuples(st.integers(1, 32), st.integers(8, 128), st.integers(0, 8), st.integers(0, 2)), min_size=1, max_size=6),
        ops=st.lists(op_st, min_size=1, max_size=60), preset=st.sampled_from(sorted(PRESETS)),
-       reserve=st.sampled_from([None, 0.0, 100.0]), holds=st.sampled_from([(0, False), (2, False), (2, True)]))
+       reserve=st.sampled_from([None, 0.0, 100.0]), holds=st.sampled_from([(0, False, False), (2, False, False), (2, True, False), (2, True, True)]))
 def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds):
     nodes = [Node(f"n{i}", Resources(c, m, g), f"rack{r}") for i, (c, m, g, r) in enumerate(caps)]
     cfg = PRESETS[preset].model_copy(update={"reserve_after_s": reserve, "preempt_after_s": 30.0, "hold_nodes": holds[0],
-                                             "easy_backfill": holds[1]} if preset == "longhaul" else {})
+                                             "easy_backfill": holds[1], "entitled_holds": holds[2], "entitled_preempt": holds[2]}
+                                       if preset == "longhaul" else {})
     placer = Placer(Cluster(nodes), cfg, {"d0": 1.0, "d1": 3.0})
     now, n = 0.0, 0
     for op, arg in ops:
@@ -339,3 +340,30 @@ def test_checkpoint_times_count_from_when_the_job_began_working():
     assert p._unsaved_s(p.running["loaded-early"], 150.0) == pytest.approx(150.0)
     p.submit(_job("urgent", 4, priority=1), 150.0)
     assert _preempted(p.schedule(150.0)) == ["loaded-late"]
+
+
+def _two_under_one_over(checkpoint_every_a: float | None, **cfg) -> Placer:
+    """16 GPUs, equal weights: a holds 10 (nothing waiting), b 6 with 2 more waiting, c nothing
+    with 2 waiting. The water-fill entitles c to its 2 and a and b to 7 each: a is over, b and c under."""
+    p = Placer(Cluster([Node(f"n{i}", NODE, "r") for i in range(2)]),
+               PlacerConfig(usage_half_life_s=None, preempt_after_s=0, fair_preempt_after_s=100.0, fair_preempt_max_loss_s=60.0,
+                            reserve_after_s=None, **cfg), {"a": 1.0, "b": 1.0, "c": 1.0})
+    for k in range(5):
+        p.submit(_job(f"a{k}", 2, domain="a", checkpoint_every_s=checkpoint_every_a), 0.0)
+    for k in range(3):
+        p.submit(_job(f"b{k}", 2, domain="b", checkpoint_every_s=100.0), 0.0)
+    assert len(_started(p.schedule(0.0))) == 8
+    p.submit(_job("b-more", 2, domain="b", at=1.0), 1.0)
+    p.submit(_job("c0", 2, domain="c", at=1.0), 1.0)
+    return p
+
+
+def test_entitled_preemption_takes_only_from_domains_over_their_entitlement():
+    # at 150 s b's jobs saved 50 s ago, a's (saving never) lose 150 s: only b's are within the 60 s cap
+    by_level = _preempted(_two_under_one_over(None).schedule(150.0))
+    assert len(by_level) == 1 and by_level[0].startswith("b")  # c evicts b, also under its share: the wait only moves
+    p = _two_under_one_over(None, entitled_preempt=True)
+    assert p.schedule(150.0) == []  # a's jobs would lose too much work, and b is no victim
+    assert p.entitled.under("b") and p.entitled.under("c") and not p.entitled.under("a")
+    log = _two_under_one_over(100.0, entitled_preempt=True).schedule(150.0)
+    assert _started(log)[0] == "c0" and all(v.startswith("a") for v in _preempted(log))  # a's jobs saved 50 s ago too

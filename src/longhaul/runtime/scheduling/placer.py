@@ -18,7 +18,12 @@ those): backfill then cannot hand an over-share domain the GPUs an under-share g
 Not work-conserving, so bounded: one head a priority rank, one pass at a time; CPU-only jobs are
 not held. With `hold_nodes` (holds.py), the first blocked heads of a pass hold whole nodes
 instead, the ones closest to fitting them; with `easy_backfill` those expected (by learnt
-estimates, durations.py) to fit them first, open to jobs expected to end before then.
+estimates, durations.py) to fit them first, open to jobs expected to end before then. With
+`entitled_holds` only heads of domains under their estimated entitlement (entitlement.py: the
+weighted max-min split of their class's use over the domains' demands) hold nodes: a head at or
+over its share that holds nodes keeps them from the domains below it. With `hold_for_under`,
+every blocked head of a domain under its entitlement keeps its GPU count (all of them at most
+that share of the GPUs) from jobs of domains that are not: those below their share still backfill.
 `order="fifo"` is one queue in submission order; without backfill a blocked head stops it.
 
 Pre-emption (`preempt`, `fair_preempt_after_s`): see `preemption.py`.
@@ -60,6 +65,7 @@ from pydantic import Field
 from longhaul.config import Section
 from longhaul.runtime.scheduling.cluster import Cluster, Resources
 from longhaul.runtime.scheduling.durations import Durations
+from longhaul.runtime.scheduling.entitlement import Entitlements
 from longhaul.runtime.scheduling.holds import Holds
 from longhaul.runtime.scheduling.placement import PLACEMENT, FreeView, Job
 from longhaul.runtime.scheduling.preemption import Preemption
@@ -94,6 +100,9 @@ class PlacerConfig(Section):
     easy_backfill: bool = False  # with hold_nodes: hold the nodes expected to fit the head first, open to jobs expected to end before it starts (learnt estimates, durations.py)
     hold_candidates: int = Field(16, ge=1)  # with easy_backfill: nodes (those with the most free) whose expected fit time is weighed per held unit
     queue_order: Literal["submitted", "smallest"] = "submitted"  # within a domain (fair order): submission order, or fewest GPUs first (fewer jobs wait behind a gang; the domain's share is the same)
+    entitled_holds: bool = False  # with hold_nodes: only heads of domains under their entitlement (entitlement.py) hold nodes
+    hold_for_under: float = Field(0.0, ge=0, le=0.5)  # blocked heads of domains under their entitlement keep their GPUs (up to this share of all) from domains that are not (non-work-conserving); 0: off
+    entitled_preempt: bool = False  # fair-share pre-emption only for domains under their entitlement, of jobs of domains over theirs, least unsaved work first
     min_class_share: float = Field(0.0, ge=0, le=0.5)  # a priority class with waiting jobs is guaranteed this share of the GPUs (no starvation under strict priorities); 0: strict
 
 
@@ -134,6 +143,7 @@ class Placer(Preemption, Holds):
         self.waiting_since: dict[str, float] = {}
         self.running: dict[str, Running] = {}
         self.usage = Usage(cfg.usage_half_life_s, cfg.usage_lookahead_s)  # domain -> share held now and recently (what the weights share out)
+        self.entitled = Entitlements(cfg.usage_half_life_s, self.weights)  # domain -> its weighted max-min share of its class's use
         self.clock = 0.0  # time of the latest pass
         self.reserved: dict[str, set[int]] = {}  # job id -> drained nodes, oldest first
         self.node_reserved: dict[int, str] = {}
@@ -162,8 +172,12 @@ class Placer(Preemption, Holds):
             self._insert(job)
         else:
             self.queues[self._key(job)].append(job)
+        self._wait(job, now)
+
+    def _wait(self, job: Job, now: float) -> None:
         self.jobs[job.id] = job
         self.waiting_since[job.id] = now
+        self.entitled.want(job.domain, job.priority, self.charge(job), now)
 
     def _requeue(self, job: Job, now: float) -> None:
         if self.cfg.order == "fifo":  # back in submission order
@@ -174,8 +188,7 @@ class Placer(Preemption, Holds):
             self._insert(job)
         else:
             self.queues[job.domain].appendleft(job)
-        self.jobs[job.id] = job
-        self.waiting_since[job.id] = now
+        self._wait(job, now)
 
     def _insert(self, job: Job) -> None:
         """Into its domain's queue by size: fewest GPUs, then smallest dominant share, then oldest."""
@@ -189,6 +202,7 @@ class Placer(Preemption, Holds):
         self.queues[self._key(job)].remove(job)
         del self.jobs[job.id]
         self.waiting_since.pop(job.id, None)
+        self.entitled.unwant(job.domain, self.charge(job), self.clock)
         if job.id in self.reserved:
             for i in self.reserved.pop(job.id):
                 self.node_reserved.pop(i, None)
@@ -268,6 +282,8 @@ class Placer(Preemption, Holds):
         self.clock = now
         self._preempt_left = self.cfg.preempt_tries
         self._held, self._held_until, self._failed_held = {}, [], set()
+        if self.cfg.entitled_holds or self.cfg.entitled_preempt or self.cfg.hold_for_under:
+            self.entitled.update(self.usage, now)
         for jid in list(self.reserved):
             self._attempt(self.jobs[jid], now, True, log)
         if self.cfg.order == "fifo":
@@ -295,6 +311,7 @@ class Placer(Preemption, Holds):
             first.setdefault(key[0], key[-1])
         heapq.heapify(heap)
         tries, keep, holding, holds = 0, 0, set(), 0  # GPUs held free for blocked heads, their ranks (one a rank); heads with held nodes
+        keep_under, kept, cap = 0, set(), int(cfg.hold_for_under * self.c.total[2])  # GPUs held from domains not under their share, for whom
         while heap and tries < cfg.scan_limit:
             key = heapq.heappop(heap)
             d = key[-1]
@@ -309,6 +326,8 @@ class Placer(Preemption, Holds):
                 tries += 1
                 if keep and job.total[2] and self.c.free_total[2] - job.total[2] < keep:
                     continue  # it would take GPUs held for a blocked head ranked before it
+                if keep_under and job.total[2] and self.c.free_total[2] - job.total[2] < keep_under and not self.entitled.under(d):
+                    continue  # a domain at or over its share would take GPUs a blocked head below its share waits for
                 rank = self._heap_key(d, job, now)[0]
                 if self._attempt(job, now, pos == 0, log, may_reserve=first.get(rank) == d):
                     placed = True
@@ -316,7 +335,10 @@ class Placer(Preemption, Holds):
                 if pos == 0 and cfg.hold_for_first and first.get(rank) == d and rank not in holding:
                     holding.add(rank)
                     keep += job.total[2]
-                if pos == 0 and holds < cfg.hold_nodes and job.total[2]:
+                if pos == 0 and cap and job.total[2] and d not in kept and self.entitled.under(d):
+                    kept.add(d)
+                    keep_under = min(cap, keep_under + job.total[2])
+                if pos == 0 and holds < cfg.hold_nodes and job.total[2] and (not cfg.entitled_holds or self.entitled.under(d)):
                     holds += 1
                     self._hold_for(job, now)
             if placed and q:

@@ -15,6 +15,12 @@ evict jobs of its own priority from domains whose level per weight is above the 
 would reach by starting it, taking each victim only while the victim's domain stays at least
 that high (no ping-pong); the most over-share domain's least costly job goes first, and with
 `fair_preempt_max_loss_s` only jobs that saved at most that long ago are taken.
+
+With `entitled_preempt` the test is the estimated entitlement (entitlement.py) instead of the
+level: only a head of a domain under its entitlement may evict, only jobs of domains over theirs,
+each taken only while its domain stays at or above its own (no ping-pong: a victim's domain is
+not under its entitlement afterwards), the one that loses the least work first. By levels alone
+a domain below the water line could evict another below it, which only moves the wait.
 """
 
 from __future__ import annotations
@@ -55,8 +61,10 @@ class Preemption:
         unsaved work. A victim is taken only while its domain stays at or above that level
         after losing it, so two domains never evict each other back and forth."""
         bar, cap = self.level(job.domain, now, self.charge(job)), self.cfg.fair_preempt_max_loss_s
+        above = ((lambda d: self.entitled.over(d, self.usage.level(d, now)) > 0) if self.cfg.entitled_preempt
+                 else (lambda d: self.level(d, now) > bar))
         runs = {jid: r for jid, r in self.by_priority.get(job.priority, {}).items()
-                if r.job.priority == job.priority and r.job.domain != job.domain and self.level(r.job.domain, now) > bar
+                if r.job.priority == job.priority and r.job.domain != job.domain and above(r.job.domain)
                 and (cap is None or self._unsaved_s(r, now) <= cap)}
         return self._candidates(runs)
 
@@ -68,6 +76,8 @@ class Preemption:
             return False
         if waited >= cfg.preempt_after_s and self._evict_for(job, now, log, "priority"):
             return True
+        if cfg.entitled_preempt and not self.entitled.under(job.domain):
+            return False
         return cfg.fair_preempt_after_s is not None and waited >= cfg.fair_preempt_after_s and self._evict_for(job, now, log, "share")
 
     def _evict_for(self, job: Job, now: float, log: list, mode: str) -> bool:
@@ -111,8 +121,7 @@ class Preemption:
         chosen: dict[str, Running] = {}
         for i, u in need.items():
             order = sorted((runs[jid] for jid in c.node_jobs[i] if jid in runs and jid not in chosen),
-                           key=lambda r: ((r.rank,) if mode == "priority" else (-self.level(r.job.domain, now),))
-                           + (self._loss(r, now), r.job.id))
+                           key=lambda r: self._victim_order(r, mode, now))
             while any(c.free[i][k] + freed[i][k] < u[k] for k in range(3)):
                 victim = next((r for r in order if r.job.id not in chosen and self._may_evict(r, mode, bar, freed_share, freed_class, now)), None)
                 if victim is None:
@@ -125,12 +134,25 @@ class Preemption:
                         freed[j][k] += held[k]
         return list(chosen.values())
 
+    def _victim_order(self, r: Running, mode: str, now: float) -> tuple:
+        """Lowest priority first, or the most over-share domain first; then the least work lost.
+        With `entitled_preempt` every candidate's domain is over its entitlement: least work lost first."""
+        if mode == "priority":
+            return (r.rank, self._loss(r, now), r.job.id)
+        if self.cfg.entitled_preempt:
+            return (self._loss(r, now), -self.level(r.job.domain, now), r.job.id)
+        return (-self.level(r.job.domain, now), self._loss(r, now), r.job.id)
+
     def _may_evict(self, r: Running, mode: str, bar: float, freed_share: dict, freed_class: dict, now: float) -> bool:
         """Priority victims keep their class at its `min_class_share`; fair-share victims keep
-        their domain at or above `bar` (no ping-pong)."""
+        their domain at or above `bar` (no ping-pong), or with `entitled_preempt` at or above its
+        entitlement."""
         if mode == "priority":
             return not self._below_floor(r.job.priority, freed_class[r.job.priority] + self.charge(r.job))
-        return self.level(r.job.domain, now, -freed_share[r.job.domain] - self.charge(r.job)) >= bar - 1e-12
+        d, less = r.job.domain, -freed_share[r.job.domain] - self.charge(r.job)
+        if self.cfg.entitled_preempt:
+            return self.entitled.over(d, self.usage.level(d, now, less)) >= -1e-15
+        return self.level(d, now, less) >= bar - 1e-12
 
     def _loss(self, run: Running, now: float) -> float:
         """What evicting `run` now throws away: its share x the time since it last saved."""
