@@ -45,6 +45,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from longhaul.runtime.scheduling.cluster import Cluster
+from longhaul.runtime.scheduling.entitlement import water_fill  # the measure's split is the placer's estimate's
 from longhaul.runtime.scheduling.placer import Placer, PlacerConfig, Running
 from longhaul.runtime.scheduling.workload import DomainSpec, SimJob
 
@@ -53,26 +54,6 @@ CROSS_RACK_LARGE, CROSS_RACK_SMALL = 0.10, 0.02
 HOUR = 3600.0
 TICK_S = 10.0  # seconds between placer passes (0: a pass after every event instant)
 FAIRNESS_HOURS = 6  # fairness is judged over windows this long (jobs run up to a day; one gang can exceed a domain's hourly entitlement)
-
-
-def water_fill(capacity: float, demand: dict[str, float], weight: dict[str, float]) -> dict[str, float]:
-    """Weighted max-min fair split of `capacity`: nobody gets more than it demands, the rest is
-    shared in proportion to weight among those still wanting more."""
-    out = {d: 0.0 for d in demand}
-    active = {d for d, v in demand.items() if v > 0}
-    left = capacity
-    while active and left > 1e-12:
-        w = sum(weight[d] for d in active)
-        done = {d for d in active if demand[d] - out[d] <= left * weight[d] / w}
-        if not done:
-            for d in active:
-                out[d] += left * weight[d] / w
-            return out
-        for d in done:
-            left -= demand[d] - out[d]
-            out[d] = demand[d]
-        active -= done
-    return out
 
 
 def entitlement(capacity: float, demand: dict[str, float], weight: dict[str, float], priority: dict[str, int]) -> dict[str, float]:

@@ -144,6 +144,7 @@ class Placer(Preemption, Holds):
         self.running: dict[str, Running] = {}
         self.usage = Usage(cfg.usage_half_life_s, cfg.usage_lookahead_s)  # domain -> share held now and recently (what the weights share out)
         self.entitled = Entitlements(cfg.usage_half_life_s, self.weights)  # domain -> its weighted max-min share of its class's use
+        self._entitling = bool(cfg.entitled_holds or cfg.entitled_preempt or cfg.hold_for_under)  # only those options read it
         self.clock = 0.0  # time of the latest pass
         self.reserved: dict[str, set[int]] = {}  # job id -> drained nodes, oldest first
         self.node_reserved: dict[int, str] = {}
@@ -177,7 +178,8 @@ class Placer(Preemption, Holds):
     def _wait(self, job: Job, now: float) -> None:
         self.jobs[job.id] = job
         self.waiting_since[job.id] = now
-        self.entitled.want(job.domain, job.priority, self.charge(job), now)
+        if self._entitling:
+            self.entitled.want(job.domain, job.priority, self.charge(job), now)
 
     def _requeue(self, job: Job, now: float) -> None:
         if self.cfg.order == "fifo":  # back in submission order
@@ -202,7 +204,8 @@ class Placer(Preemption, Holds):
         self.queues[self._key(job)].remove(job)
         del self.jobs[job.id]
         self.waiting_since.pop(job.id, None)
-        self.entitled.unwant(job.domain, self.charge(job), self.clock)
+        if self._entitling:
+            self.entitled.unwant(job.domain, self.charge(job), self.clock)
         if job.id in self.reserved:
             for i in self.reserved.pop(job.id):
                 self.node_reserved.pop(i, None)
@@ -282,7 +285,7 @@ class Placer(Preemption, Holds):
         self.clock = now
         self._preempt_left = self.cfg.preempt_tries
         self._held, self._held_until, self._failed_held = {}, [], set()
-        if self.cfg.entitled_holds or self.cfg.entitled_preempt or self.cfg.hold_for_under:
+        if self._entitling:
             self.entitled.update(self.usage, now)
         for jid in list(self.reserved):
             self._attempt(self.jobs[jid], now, True, log)
