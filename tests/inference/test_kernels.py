@@ -25,14 +25,22 @@ def native():
     return mod
 
 
-@pytest.mark.parametrize("n,k", [(576, 576), (13, 37), (100, 1536), (8, 8), (1, 5)])
+@pytest.fixture(params=[8, 16], ids=["avx2-panels", "avx512-panels"])
+def panel_width(request, native):
+    if request.param == 16 and not native.has_avx512():
+        pytest.skip("this CPU has no AVX-512: the 16-wide panels do not run here")
+    return request.param
+
+
+@pytest.mark.parametrize("n,k", [(576, 576), (13, 37), (100, 1536), (8, 8), (1, 5), (40, 24)])
 @pytest.mark.parametrize("m", [1, 2, 5, 7, 8, 9, 16, 44])
-def test_small_gemm_equals_fp64_matmul(native, m, n, k):
+def test_small_gemm_equals_fp64_matmul(native, panel_width, m, n, k):
     gen = torch.Generator().manual_seed(m * 1000 + n + k)
     x, w, b = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
     ref = x.double() @ w.double().T
     for bias in (None, b):
-        lin = SmallBatchLinear(w, bias, native)
+        lin = SmallBatchLinear(w, bias, native, panel_width)
+        assert lin.weight.shape[2] == panel_width
         want = ref if bias is None else ref + b.double()
         got = lin(x)
         assert got.shape == (m, n) and got.dtype == torch.float32
@@ -51,6 +59,9 @@ def test_small_gemm_keeps_leading_dims_and_no_rows(native):
 def test_pack_picks_the_kernel_for_fp32_decode_weights_only(native):
     w = torch.randn(32, 16)
     assert isinstance(pack(w)[0], SmallBatchLinear)
+    assert pack(w)[0].weight.shape[2] == (16 if native.has_avx512() else 8)  # the widest panel this CPU runs
+    with pytest.raises(RuntimeError, match="8 or 16"):
+        native.pack(w, 4)
     assert not isinstance(pack(w, few_rows=False)[0], SmallBatchLinear)  # big forwards keep oneDNN
     assert not isinstance(pack(w.bfloat16())[0], SmallBatchLinear)
 
@@ -208,10 +219,10 @@ def test_rms_norm_backward_equals_autograd(native, n, e):
     torch.testing.assert_close(dw, w.grad, rtol=1e-5, atol=1e-5)
 
 
-def test_mm_into_writes_the_given_rows(native):
+def test_mm_into_writes_the_given_rows(native, panel_width):
     gen = torch.Generator().manual_seed(3)
     w, x = torch.randn(40, 24, generator=gen), torch.randn(5, 24, generator=gen)
-    lin = SmallBatchLinear(w, None, native)
+    lin = SmallBatchLinear(w, None, native, panel_width)
     store = torch.full((9, 40), 7.0)
     got = lin(x, out=store[2:7])
     assert got.data_ptr() == store[2:7].data_ptr()

@@ -14,7 +14,7 @@ MKL's, which pays only at the batch size it was packed for): on a 2-core AVX2 EP
 (summation order: ~4e-6 relative at K = 576).
 
 `SmallBatchLinear` (fp32 on an AVX2 + FMA CPU, where `kernels.native` builds) replaces the
-oneDNN path for fp32: weights packed in 8-output panels streamed once per 8 rows. Measured on
+oneDNN path for fp32: weights packed in 8-output panels (16 with AVX-512) streamed once per 8 rows. Measured on
 the 2-core AVX2 EPYC, all of SmolLM2-135M's linears (538 MB): 33 vs 57 ms at batch 1, 36 vs 64
 at batch 8, 55 vs 88 at 16, equal at 32-44, 12% slower from 64 rows (prefill chunks). Results
 are plain fp32 FMA sums in k order (~1e-6 relative to fp64 at K = 1,536).
@@ -62,16 +62,17 @@ class PackedLinear:
 
 
 class SmallBatchLinear:
-    """An fp32 weight (M, K) in the native kernel's 8-output panels; call it on x (N, K) -> (N, M).
+    """An fp32 weight (M, K) in the native kernel's panels (16 outputs wide where the CPU has
+    AVX-512, else 8; `nr` forces one); call it on x (N, K) -> (N, M).
 
     Keeps no reference to the plain weight; `pack` it again after the weight changes.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel, nr: int = 0):
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
         self._kernel = kernel
-        self.weight = kernel.pack(weight)
+        self.weight = kernel.pack(weight, nr)
         padded = self.weight.shape[0] * self.weight.shape[2]
         self.bias = torch.empty(0) if bias is None else F.pad(bias.detach().float(), (0, padded - self.out_features)).contiguous()
 

@@ -2,7 +2,8 @@
 
 #include <torch/extension.h>
 
-torch::Tensor pack(const torch::Tensor& w);
+torch::Tensor pack(const torch::Tensor& w, int64_t nr);
+bool has_avx512();
 torch::Tensor mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias);
 torch::Tensor mm_into(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias, torch::Tensor out);
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
@@ -30,7 +31,9 @@ torch::Tensor attention_unpack_backward(const torch::Tensor& g, const torch::Ten
 std::vector<torch::Tensor> softmax_stats(torch::Tensor z, const torch::Tensor& targets, bool with_entropy, bool write_probs);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("pack", &pack, "pack an fp32 weight (N, K) into 8-output panels");
+  m.def("pack", &pack, "pack an fp32 weight (N, K) into 8- or 16-output panels (nr 0: the widest this CPU runs)",
+        py::arg("w"), py::arg("nr") = 0);
+  m.def("has_avx512", &has_avx512, "whether this CPU runs the 16-wide (AVX-512) GEMM panels");
   m.def("mm", &mm, "x (M, K) @ packed weight -> (M, N), plus an optional padded bias");
   m.def("mm_into", &mm_into, "mm written into a given contiguous (M, N) tensor");
   m.def("decode_attention", &decode_attention, "one query token per sequence over the paged K/V cache");
