@@ -4,6 +4,12 @@ bf16 pays only where the hardware has bf16 arithmetic (AVX512-BF16 or AMX on x86
 recent GPU). Elsewhere torch emulates it, and a bf16 matmul on an AVX2-only CPU runs at a
 small fraction of fp32's speed (measured on a 2-core AMD EPYC without AVX-512: fp32 77
 GFLOP/s, bf16 under 1), so `auto` picks fp32 there.
+
+Native bf16 is not always the faster choice: on a CPU with AVX512-BF16 but no AMX, where the
+engine's native fp32 kernels run (`inference.kernels`), fp32 won every measurement (2-core Zen
+4: decode 1.3-1.6x bf16's tokens/s at batch 1-32, the GRPO step 10.5-11.1 s against 11.4-11.6,
+`make demo`'s training 11 min 17 s against 13 min 1 s with the same held-out gain), so `auto`
+picks fp32 there too. With AMX or on a GPU it picks bf16; `LONGHAUL_BF16=1` forces bf16.
 """
 
 from __future__ import annotations
@@ -31,11 +37,31 @@ def native_bf16() -> bool:
     return False
 
 
+@lru_cache(maxsize=None)
+def prefer_bf16() -> bool:
+    """True when bf16 is the faster choice here: native bf16, unless the only bf16 arithmetic is
+    AVX512-BF16 and the native fp32 kernels can run (see the module docstring)."""
+    import os
+
+    if os.environ.get("LONGHAUL_BF16") in ("0", "1") or torch.cuda.is_available():
+        return native_bf16()
+    if not native_bf16():
+        return False
+    amx = getattr(getattr(torch, "cpu", None), "_is_amx_tile_supported", None)
+    if amx is not None and amx():
+        return True
+    from longhaul.inference.kernels import _missing_requirement
+
+    return _missing_requirement() is not None
+
+
 def resolve_dtype(value: str) -> str:
-    """'auto' -> 'bfloat16' where bf16 is native, else 'float32'; other names pass through."""
-    return ("bfloat16" if native_bf16() else "float32") if value == "auto" else value
+    """'auto' -> 'bfloat16' where bf16 is the faster choice (`prefer_bf16`), else 'float32';
+    other names pass through."""
+    return ("bfloat16" if prefer_bf16() else "float32") if value == "auto" else value
 
 
 def resolve_autocast(value: str) -> str:
-    """'auto' -> 'bfloat16' (autocast with fp32 master weights) where bf16 is native, else 'none'."""
-    return ("bfloat16" if native_bf16() else "none") if value == "auto" else value
+    """'auto' -> 'bfloat16' (autocast with fp32 master weights) where bf16 is the faster choice,
+    else 'none'."""
+    return ("bfloat16" if prefer_bf16() else "none") if value == "auto" else value
