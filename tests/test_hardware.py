@@ -35,4 +35,6 @@ def test_auto_picks_bf16_only_where_it_is_faster(cpu, avx512_bf16, amx, fp32_ker
 def test_explicit_dtypes_pass_through():
     assert hardware.resolve_dtype("float32") == "float32" and hardware.resolve_dtype("bfloat16") == "bfloat16"
     assert hardware.resolve_autocast("none") == "none"
-    assert hardware.resolve_dtype("auto") in ("float32", "bfloat16")
+    faster = hardware.prefer_bf16()
+    assert hardware.resolve_dtype("auto") == ("bfloat16" if faster else "float32")
+    assert hardware.resolve_autocast("auto") == ("bfloat16" if faster else "none")

@@ -27,9 +27,18 @@ def native():
 
 @pytest.fixture(params=[8, 16], ids=["avx2-panels", "avx512-panels"])
 def panel_width(request, native):
-    if request.param == 16 and not native.has_avx512():
+    if request.param == 16 and not native.has_avx512():  # their instructions cannot execute here; refused, below
         pytest.skip("this CPU has no AVX-512: the 16-wide panels do not run here")
     return request.param
+
+
+def test_16_wide_panels_run_only_where_the_cpu_has_avx512(native):
+    w = torch.randn(24, 16)
+    if native.has_avx512():
+        assert native.pack(w, 16).shape == (2, 16, 16)
+    else:
+        with pytest.raises(RuntimeError, match="need AVX-512"):
+            native.pack(w, 16)
 
 
 @pytest.mark.parametrize("n,k", [(576, 576), (13, 37), (100, 1536), (8, 8), (1, 5), (40, 24)])

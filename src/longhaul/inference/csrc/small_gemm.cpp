@@ -94,22 +94,21 @@ constexpr PanelFn kPanels[9] = {nullptr, panel<1>, panel<2>, panel<3>, panel<4>,
 constexpr PanelFn kPanels16[9] = {nullptr,     panel16<1>, panel16<2>, panel16<3>, panel16<4>,
                                   panel16<5>, panel16<6>, panel16<7>, panel16<8>};
 
-bool cpu_avx512() {
+}  // namespace
+
+// Whether this CPU runs the 16-wide panels (checked once).
+bool has_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f");
   return yes;
 }
-
-}  // namespace
-
-bool has_avx512() { return cpu_avx512(); }
 
 // W (N, K) fp32 -> panels (ceil(N / nr), K, nr), the last one zero padded; nr 8 (AVX2), 16
 // (AVX-512) or 0: 16 where the CPU has AVX-512, else 8. `mm` reads the width from the shape.
 torch::Tensor pack(const torch::Tensor& w, int64_t nr) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.device().is_cpu(), "pack: a 2-D fp32 CPU weight");
-  if (nr == 0) nr = cpu_avx512() ? NR16 : NR;
+  if (nr == 0) nr = has_avx512() ? NR16 : NR;
   TORCH_CHECK(nr == NR || nr == NR16, "pack: panel width must be 8 or 16, got ", nr);
-  TORCH_CHECK(nr == NR || cpu_avx512(), "pack: 16-wide panels need AVX-512, which this CPU lacks");
+  TORCH_CHECK(nr == NR || has_avx512(), "pack: 16-wide panels need AVX-512, which this CPU lacks");
   const auto wc = w.contiguous();
   const int64_t N = wc.size(0), K = wc.size(1), G = (N + nr - 1) / nr;
   auto out = torch::zeros({G, K, nr}, wc.options());
@@ -160,7 +159,7 @@ static void check_mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t N)
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "mm: x must be a 2-D fp32 CPU tensor");
   TORCH_CHECK(wp.dim() == 3 && (wp.size(2) == NR || wp.size(2) == NR16) && wp.size(1) == x.size(1) && N > 0 &&
               N <= wp.size(0) * wp.size(2), "mm: packed weight does not match x");
-  TORCH_CHECK(wp.size(2) == NR || cpu_avx512(), "mm: 16-wide panels need AVX-512, which this CPU lacks");
+  TORCH_CHECK(wp.size(2) == NR || has_avx512(), "mm: 16-wide panels need AVX-512, which this CPU lacks");
 }
 
 torch::Tensor mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias) {
