@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     except LonghaulError as e:
         if debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{e.label}: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("interrupted; completed checkpoints are intact (use --resume)", file=sys.stderr)

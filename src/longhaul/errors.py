@@ -9,3 +9,4 @@ class LonghaulError(Exception):
     """An error caused by the user's input or environment, with the fix in the message."""
 
     exit_code = 2
+    label = "error"  # what the CLI prints before the message

@@ -27,6 +27,7 @@ from longhaul.rl.checkpoint import load_trainer_state, load_weights, save_checkp
 from longhaul.rl.data import encode_pair_row, encode_sft_row, load_rows, truncate
 from longhaul.rl.registry import Registry
 from longhaul.runtime.metrics import MetricsLog, read_metrics
+from longhaul.runtime.notice import StopNotice
 from longhaul.runtime.progress import console, progress_bar
 
 
@@ -173,7 +174,7 @@ def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
         before = trainer.evaluate(heldout)
         log.write(0, before)
     B = cfg.data.batch_size
-    with progress_bar(cfg.log.progress) as prog:
+    with progress_bar(cfg.log.progress) as prog, StopNotice() as notice:
         bar = prog.add_task(f"train {cfg.algo.name}", total=t.steps, completed=start, info="")
         for step in range(start + 1, t.steps + 1):
             t0 = time.perf_counter()
@@ -190,9 +191,12 @@ def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
             info = "  ".join(f"{k} {v:.4g}" for k, v in m.items() if k in ("loss", "accuracy", "rewards/accuracies", "heldout/loss",
                                                                               "heldout/accuracy", "heldout/divergence"))
             prog.update(bar, advance=1, info=info)
-            if last or (t.save_every and step % t.save_every == 0):
-                save_checkpoint(run_dir / "checkpoints", step, built.model, tok,
-                                {**trainer.state_dict(), "data_position": step * B}, t.keep_last, extra=built.save_extra)
+            if last or notice.received or (t.save_every and step % t.save_every == 0):
+                saved = save_checkpoint(run_dir / "checkpoints", step, built.model, tok,
+                                        {**trainer.state_dict(), "data_position": step * B}, t.keep_last, extra=built.save_extra)
+                if notice.received and not last:
+                    log.close()
+                    raise notice.stop(step, t.steps, saved)
     log.close()
     metrics = read_metrics(run_dir)
     result = {"run_dir": str(run_dir), "steps": t.steps}

@@ -75,7 +75,10 @@ class WorkerPool(ABC):
 
     # ---- controller side ------------------------------------------------------------------
     def start(self) -> None:
+        """Start the workers (once: a second call finds them started)."""
         with self._lock:
+            if self._next_wid:
+                return
             for _ in range(self.n):
                 self._new_worker()
 

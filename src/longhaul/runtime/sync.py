@@ -32,6 +32,7 @@ from longhaul.rl.registry import Registry
 from longhaul.runtime.buffer import ReplayBuffer
 from longhaul.runtime.controller import Controller, buffer_capacity, make_rollouts
 from longhaul.runtime.metrics import MetricsLog, read_metrics
+from longhaul.runtime.notice import StopNotice
 from longhaul.runtime.progress import console, progress_bar
 from longhaul.runtime.rollout import build_family, make_sampler
 from longhaul.runtime.tasks import ScheduledTasks, TaskStream
@@ -262,18 +263,26 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     buffer = ReplayBuffer.open(run_dir / "buffer.jsonl", buffer_capacity(cfg), cfg.runtime.buffer_order,
                                resume_step=start if state is not None else None)
     rollouts = make_rollouts(cfg, family, tok, policy, run_dir)
+    rollouts.start()  # worker processes and actors load the model while this process evaluates the base weights
+    t_rollouts = time.perf_counter()
     # evaluation samples in this process: with the inline worker's sampler, else a sampler of its own
     eval_sampler = (lambda: rollouts.sampler) if hasattr(rollouts, "sampler") else (lambda: make_sampler(cfg, policy, tok))
     base = None
     if cfg.eval.before_after:
         # a resumed run normally finds the base result on disk; if not, the base weights are reloaded
         base_model = eval_sampler if ckpt is None else (lambda: make_sampler(cfg, load_policy(cfg.model.name)[0], tok))
-        base = evaluate_heldout(prep, base_model, "base", run_dir / "eval_base.json")
+        try:
+            base = evaluate_heldout(prep, base_model, "base", run_dir / "eval_base.json")
+        except BaseException:
+            rollouts.close()
+            raise
     ctl = Controller(cfg, source, trainer, rollouts, buffer, policy, epoch=state.get("epoch", 0) + 1 if state else 0)
     t_train = time.perf_counter()
+    t_head = t_train - t_rollouts
     try:
         ctl.start(start, resume=state)
-        _train_steps(cfg, ctl, trainer, policy, tok, run_dir, log, start)
+        with StopNotice() as notice:
+            _train_steps(cfg, ctl, trainer, policy, tok, run_dir, log, start, notice)
     finally:
         ctl.close()
         torch.set_num_threads(ctl.full_threads)
@@ -281,7 +290,8 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
             trainer.close()
     t_train = time.perf_counter() - t_train
     log.close()
-    result = {"run_dir": str(run_dir), "steps": cfg.train.steps, "train_wall_s": t_train}  # the loop, worker start-up included
+    # the loop, with whatever of the workers' start-up the set-up before it (the base evaluation) did not cover
+    result = {"run_dir": str(run_dir), "steps": cfg.train.steps, "train_wall_s": t_train, "workers_head_start_s": t_head}
     comparison = None
     if base is not None:
         trained = evaluate_heldout(prep, eval_sampler, "trained", run_dir / "eval_trained.json")
@@ -293,7 +303,8 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     return result
 
 
-def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir: Path, log: MetricsLog, start: int) -> None:
+def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir: Path, log: MetricsLog, start: int,
+                 notice: StopNotice) -> None:
     with progress_bar(cfg.log.progress) as prog:
         bar = prog.add_task("train", total=cfg.train.steps, completed=start, info="")
         for step in range(start + 1, cfg.train.steps + 1):
@@ -318,10 +329,15 @@ def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir:
             for warning in _stability_warnings(metrics, cfg):
                 prog.console.print(f"[yellow]warning:[/] {warning}")
             prog.update(bar, advance=1, info=info)
-            if step == cfg.train.steps or (cfg.train.save_every and step % cfg.train.save_every == 0):
+            last = step == cfg.train.steps
+            if last or notice.received or (cfg.train.save_every and step % cfg.train.save_every == 0):
                 tasks = ctl.checkpoint_state()
-                save_checkpoint(run_dir / "checkpoints", step, policy, tok,
-                                {**trainer.state_dict(), **tasks, "data_position": tasks["tasks"].get("cursor")}, cfg.train.keep_last)
+                saved = save_checkpoint(run_dir / "checkpoints", step, policy, tok,
+                                        {**trainer.state_dict(), **tasks, "data_position": tasks["tasks"].get("cursor")},
+                                        cfg.train.keep_last)
+                if notice.received and not last:
+                    log.close()
+                    raise notice.stop(step, cfg.train.steps, saved)
 
 
 def _stability_warnings(m: dict, cfg: RunConfig) -> list[str]:

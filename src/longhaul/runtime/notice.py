@@ -1,0 +1,57 @@
+"""The stop notice: how a training run leaves when its scheduler takes its machine back.
+
+Cluster schedulers pre-empt with a notice: Kubernetes sends SIGTERM and waits out the pod's
+grace period, Slurm sends the signal `--signal` names (SIGUSR1 here). While a `StopNotice` is
+open, either signal only marks the run as told to stop; the training loop finishes the step it
+is on (an update is never left half applied), saves a checkpoint, and leaves with
+`StopRequested` (exit status 143, 128 + SIGTERM), so `longhaul train ... --resume` continues
+from exactly that step. A second signal of the same kind gets the default action again (the
+process dies at once; checkpoints are written to a temporary directory and renamed, so the last
+complete one is intact either way).
+
+Owned here: the handlers and the error. Not owned: what a checkpoint holds (`rl.checkpoint`),
+and the workers' processes (rollout workers and data-parallel ranks are closed by the loop on its
+way out, as after any error). Handlers exist only in the main thread: a run started from another
+thread (a serving job) opens a notice that never fires.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from longhaul.errors import LonghaulError
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopRequested(LonghaulError):
+    """The run stopped on a notice after saving its checkpoint."""
+    exit_code = 128 + signal.SIGTERM
+    label = "stopped"
+
+
+class StopNotice:
+    def __init__(self):
+        self.received: str | None = None  # the name of the first signal that arrived
+        self._previous: dict = {}
+
+    def __enter__(self) -> "StopNotice":
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _on_signal(self, signum, frame) -> None:
+        self.received = self.received or signal.Signals(signum).name
+        signal.signal(signum, signal.SIG_DFL)  # a second one stops the process at once
+
+    def stop(self, step: int, steps: int, checkpoint) -> StopRequested:
+        """The error that ends a run told to stop, after `step` of `steps`, saved to `checkpoint`."""
+        return StopRequested(f"{self.received} received: stopped after step {step} of {steps} with its checkpoint at "
+                             f"{checkpoint}; run the same `longhaul train` command with --resume to continue from there")
