@@ -144,6 +144,10 @@ class RuntimeConfig(Section):
     mode: Literal["sync", "async"] = "sync"  # sync: generate, then train, in turn (the on-policy reference)
     max_staleness: int = Field(1, ge=0)  # async: a step's rollouts may start this many versions behind the trainer
     partial_rollouts: bool = True  # async: a weight update reaches generation in flight (per-token versions recorded)
+    # what in-flight sequences do with their K/V at a weight update: recompute it under the new weights (a prefill
+    # again, AReaL's way), or keep it and decode on over it (PipelineRL's way: no prefill again; on CPU a re-prefill
+    # of every sequence in flight costs seconds a step). Either way each token records the version that sampled it
+    inflight_kv: Literal["recompute", "keep"] = "recompute"
     backend: Literal["local", "ray"] = "local"
     workers: int = Field(1, ge=1)  # rollout workers (engine + agent loop + sandbox scoring each)
     worker_kind: Literal["thread", "process"] = "process"  # local async workers: threads share the GIL; processes do not

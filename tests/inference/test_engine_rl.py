@@ -81,6 +81,7 @@ def test_pause_update_resume_continues_in_flight_requests(models):
     eng.pause()
     assert eng.step() == []  # paused: nothing runs
     eng.update_weights(new.state_dict(), version=7)
+    assert eng.stats()["num_recomputed_total"] == len(PROMPTS)  # all three prefill again under version 7
     eng.resume()
     final = {}
     while eng.has_unfinished_requests():
@@ -111,3 +112,37 @@ def test_pause_from_another_thread_mid_generate(models):
         k = o.weight_version.index(1)
         assert o.weight_version == [0] * k + [1] * (len(o.token_ids) - k) and 0 < k < 40
         assert o.token_ids[k:] == continuation(new, tok, tok.encode(p) + o.token_ids[:k], 40 - k)
+
+
+def test_keep_kv_update_decodes_on_over_the_old_weights_kv(models):
+    """keep_kv: no re-prefill; each later token is what the new weights give over the K/V the
+    old weights computed (checked against HF with the old model's past_key_values)."""
+    old, new, tok = models
+    eng = LLMEngine(old, tokenizer=tok, num_kv_blocks=64)
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(str(i), p, greedy(12))
+    for _ in range(5):  # the prefill samples token 0, four decode steps tokens 1-4 (K/V of prompt + tokens 0-3 held)
+        eng.step()
+    eng.update_weights(new.state_dict(), version=7, keep_kv=True)
+    final = {}
+    while eng.has_unfinished_requests():
+        final.update({o.request_id: o for o in eng.step() if o.finished})
+    assert eng.stats()["num_recomputed_total"] == 0  # nothing was prefilled again
+    worst = 0.0
+    for i, p in enumerate(PROMPTS):
+        o, prompt = final[str(i)], tok.encode(p)
+        assert o.weight_version == [0] * 5 + [7] * 7
+        ids, held = prompt + o.token_ids, len(prompt) + 4
+        with torch.no_grad():
+            past = old(torch.tensor([ids[:held]]), use_cache=True).past_key_values
+            logits = new(torch.tensor([ids[held:-1]]), cache=past, use_cache=True).logits[0]
+            recomputed = new(torch.tensor([ids[:-1]])).logits[0, held:]
+        want = torch.log_softmax(logits.double(), -1)
+        got = torch.tensor(o.logprobs[5:], dtype=torch.float64)
+        assert o.token_ids[5:] == want.argmax(-1).tolist()
+        picked = want.gather(1, torch.tensor(o.token_ids[5:])[:, None])[:, 0]
+        err = (got - picked).abs().max().item()
+        assert err < 1e-4, f"max |logprob - reference| = {err}"
+        redo = torch.log_softmax(recomputed.double(), -1).gather(1, torch.tensor(o.token_ids[5:])[:, None])[:, 0]
+        worst = max(worst, (redo - picked).abs().max().item())
+    assert worst > 1e-3  # the old K/V made a difference, so the check above could tell the two apart

@@ -40,10 +40,11 @@ def test_async_with_staleness_zero_reproduces_sync_exactly(tmp_path, kind, tiny_
     assert all(r["staleness/max"] == 0 for r in async_rows)
 
 
-def test_staleness_bound_holds_and_rollouts_run_ahead(tmp_path):
+@pytest.mark.parametrize("kv", ["recompute", "keep"])
+def test_staleness_bound_holds_and_rollouts_run_ahead(tmp_path, kv):
     s = 2
     run_training(load_config(EXAMPLE, [f"output_dir={tmp_path}", *QUIET, "train.steps=8", "runtime.mode=async",
-                                       f"runtime.max_staleness={s}", "runtime.worker_kind=thread"]))
+                                       f"runtime.max_staleness={s}", "runtime.worker_kind=thread", f"runtime.inflight_kv={kv}"]))
     run = tmp_path / "tiny_grpo"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 9))
@@ -62,15 +63,9 @@ def test_staleness_bound_holds_and_rollouts_run_ahead(tmp_path):
     assert len(taken) == len(set(taken)) == 8 * 2
 
 
-def test_partial_rollout_switches_weights_mid_generation_and_records_versions():
-    """Greedy generation from a worker; new weights land after some tokens: the tokens before
-    carry version 0 and are v0's greedy choices, the rest carry version 1 and are v1's."""
-    import threading
-    import time
-
-    from longhaul.inference import LLMEngine, SamplingParams, generate
+def _two_versions():
+    """The tiny policy at version 0 and a "trained" version 1 (every weight moved), and its tokenizer."""
     from longhaul.models import load_policy
-    from longhaul.runtime.pool import policy_tensors
 
     torch.manual_seed(0)
     v0, tok = load_policy("tiny-llama")
@@ -78,6 +73,19 @@ def test_partial_rollout_switches_weights_mid_generation_and_records_versions():
     with torch.no_grad():
         for p in v1.parameters():
             p.add_(torch.randn_like(p) * 0.05)
+    return v0, v1, tok
+
+
+def test_partial_rollout_switches_weights_mid_generation_and_records_versions():
+    """Greedy generation from a worker; new weights land after some tokens: the tokens before
+    carry version 0 and are v0's greedy choices, the rest carry version 1 and are v1's."""
+    import threading
+    import time
+
+    from longhaul.inference import LLMEngine, SamplingParams, generate
+    from longhaul.runtime.pool import policy_tensors
+
+    v0, v1, tok = _two_versions()
     engine = LLMEngine(model=v0, tokenizer=tok, dtype="float32")
     prompt = tok("Say kalo kalo kalo", add_special_tokens=False).input_ids
     params = SamplingParams(max_new_tokens=120, temperature=0)
@@ -99,6 +107,33 @@ def test_partial_rollout_switches_weights_mid_generation_and_records_versions():
                                     SamplingParams(max_new_tokens=1, temperature=0))[0].token_ids[0]
     assert out.token_ids[k - 1] == ref(v0, k - 1), "before the switch: version 0's greedy token"
     assert out.token_ids[k] == ref(v1, k), "after the switch: version 1's greedy token on the same prefix"
+
+
+@pytest.mark.parametrize("kv", ["recompute", "keep"])
+def test_a_worker_keeps_or_recomputes_inflight_kv_as_configured(kv):
+    """runtime.inflight_kv reaches the engine: a load mid-generation re-prefills the sequences in
+    flight (recompute) or leaves them decoding on their K/V (keep); versions switch either way."""
+    import threading
+    import time
+
+    from longhaul.inference import SamplingParams, generate
+    from longhaul.runtime.pool import policy_tensors
+    from longhaul.runtime.rollout import RolloutWorker, build_family, make_sampler
+
+    cfg = load_config(EXAMPLE, [f"runtime.inflight_kv={kv}"])
+    v0, v1, tok = _two_versions()
+    worker = RolloutWorker(cfg, build_family(cfg), tok, make_sampler(cfg, v0, tok))
+    prompt = tok("Say kalo kalo kalo", add_special_tokens=False).input_ids
+    seen = {}
+    th = threading.Thread(target=lambda: seen.update(out=generate(worker.sampler, tok, [prompt] * 3,
+                                                                  SamplingParams(max_new_tokens=80, temperature=0))))
+    th.start()
+    while worker.sampler.stats()["generation_tokens_total"] < 12:
+        time.sleep(0.001)
+    worker.load_weights(policy_tensors(v1), 1)
+    th.join()
+    assert all(0 < c.versions.index(1) < len(c.versions) for c in seen["out"])
+    assert worker.sampler.stats()["num_recomputed_total"] == (0 if kv == "keep" else 3)
 
 
 def _process_pool_running(tmp_path, requests: int, overrides: list[str]):

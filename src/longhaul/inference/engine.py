@@ -227,14 +227,18 @@ class LLMEngine:
     def paused(self) -> bool:
         return self._paused
 
-    def update_weights(self, weights: dict[str, torch.Tensor] | str | Path, version: int) -> int:
+    def update_weights(self, weights: dict[str, torch.Tensor] | str | Path, version: int, keep_kv: bool = False) -> int:
         """Load HF-named tensors (a dict, a safetensors file or a directory of them) in place
-        and tag later tokens with `version`. All K/V and the prefix cache are dropped;
-        in-flight requests re-prefill under the new weights. Returns tensors loaded."""
+        and tag later tokens with `version`. The prefix cache is dropped (no later request
+        reuses K/V of the old weights). In-flight requests re-prefill under the new weights, or
+        with `keep_kv` keep the K/V they have and go on decoding over it (PipelineRL's in-flight
+        update: no prefill again, but later tokens attend over the old weights' K/V; the
+        log-probs recorded are still those the tokens were sampled with). Returns tensors loaded."""
         tensors = weights if isinstance(weights, dict) else _read_weights(Path(weights))
         with self._step_lock:
             loaded = self.runner.load_weights(tensors)
-            self.scheduler.preempt_all()
+            if not keep_kv:
+                self.scheduler.preempt_all()
             self.block_manager.flush()
             self.weight_version = int(version)
         return loaded
@@ -255,6 +259,7 @@ class LLMEngine:
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
             "num_preemptions_total": self.scheduler.num_preemptions_total,
+            "num_recomputed_total": self.scheduler.num_recomputed_total,
             "weight_version": self.weight_version,
         }
 

@@ -47,6 +47,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions_total = 0
+        self.num_recomputed_total = 0  # running sequences sent back to prefill by a weight update
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -127,6 +128,7 @@ class Scheduler:
         """Drop every running sequence's K/V (new weights): all re-prefill, in their order."""
         while self.running:
             self.preempt(self.running.pop(), count=False)
+            self.num_recomputed_total += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Remove a finished or aborted seq from whichever queue holds it; free its blocks."""

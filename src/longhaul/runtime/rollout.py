@@ -148,7 +148,7 @@ class RolloutWorker:
             if version <= self.version and self._loads:
                 return
             if isinstance(self.sampler, LLMEngine):
-                self.sampler.update_weights(tensors, version)
+                self.sampler.update_weights(tensors, version, keep_kv=self.cfg.runtime.inflight_kv == "keep")
             else:  # the HF sampler: a plain module copy, loaded between requests only
                 self.sampler.load_state_dict(tensors, strict=False)
             self.version = int(version)
