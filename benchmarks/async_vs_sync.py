@@ -4,8 +4,10 @@ checked against them, and asked what it predicts at 8-512 rollout workers and 1-
 
 The job: `funcgen` (write a Python function, hidden tests decide), STEPS steps of PROMPTS
 prompts x GROUP samples (<= 128 tokens, T = 0.7, the quickstart's lr and KL), held-out greedy
-pass rate of the trained policy on EVAL tasks. Three runs: runtime.mode=sync, then async with
-max_staleness 1 and 2 (rollouts in a child process, weights over shared memory). Reported:
+pass rate of the trained policy on EVAL tasks. The runs: runtime.mode=sync, then async with
+max_staleness 1 and 2 (rollouts in a child process, weights over shared memory), each with the
+sequences in flight at a weight update prefilled again (runtime.inflight_kv=recompute) and
+decoding on over their K/V (keep, the runs named -keep). Reported:
 wall clock of the training loop, trajectories a second, the ratio to sync (overall and after
 the first step), the wall clock of the whole run (model, engines, evaluations, loop), the mean
 training reward and the held-out pass rate. The rollout process starts before the base
@@ -15,7 +17,7 @@ of its start-up the evaluation does not cover falls inside the loop and is count
 Calibration for the model (`longhaul.runtime.sim`): generation, training, scoring and sync
 costs come from the sync run's own metrics; the processor-sharing rates (how fast generation
 and training go while the other runs on the same cores) from a separate 60-second probe that
-runs both at once in two processes. The model then predicts the three measured runs (its
+runs both at once in two processes. The model then predicts the measured runs (its
 error is in the table) and the scale-out grid, written with a plot to
 benchmarks/results/async_vs_sync.{json,html}.
 
@@ -230,17 +232,19 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--eval", type=int, default=100, help="held-out tasks evaluated after training (0: none)")
     ap.add_argument("--staleness", default="1,2")
+    ap.add_argument("--inflight-kv", default="recompute,keep", help="runtime.inflight_kv values: each async run with each")
     ap.add_argument("--worker-threads", type=int, default=None, help="torch threads of the async rollout process (default: runtime.worker_threads's)")
     ap.add_argument("--probe-seconds", type=float, default=60.0)
     ap.add_argument("--out", default=str(OUT / "async_vs_sync.json"))
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="async-vs-sync-"))
     runs = [run_one(args, work, "sync", [])]
-    for s in [int(x) for x in args.staleness.split(",")]:
-        extra = ["runtime.mode=async", f"runtime.max_staleness={s}", "runtime.worker_kind=process"]
-        if args.worker_threads:
-            extra.append(f"runtime.worker_threads={args.worker_threads}")
-        runs.append(run_one(args, work, f"async{s}", extra))
+    for kv in args.inflight_kv.split(","):
+        for s in [int(x) for x in args.staleness.split(",")]:
+            extra = ["runtime.mode=async", f"runtime.max_staleness={s}", "runtime.worker_kind=process", f"runtime.inflight_kv={kv}"]
+            if args.worker_threads:
+                extra.append(f"runtime.worker_threads={args.worker_threads}")
+            runs.append({**run_one(args, work, f"async{s}" + ("-keep" if kv == "keep" else ""), extra), "staleness": s})
     log("probing processor sharing (generation and training at once)")
     from longhaul.config import load_config
     from longhaul.runtime.local import trainer_threads, worker_threads
@@ -262,7 +266,7 @@ def report(args, runs: list[dict], sharing: dict) -> None:
     print(f"{'run':10s} {'wall s':>8s} {'traj/s':>8s} {'vs sync':>8s} {'steps 2+':>9s} {'whole run s':>12s} {'reward':>8s} {'held-out':>9s} "
           f"{'stale':>6s} {'model s':>8s} {'model err':>9s}")
     for r in runs:
-        s = 0 if r["name"] == "sync" else int(r["name"][5:])
+        s = r.get("staleness", 0)
         wl = Workload(args.steps, args.prompts, args.group, "sync" if s == 0 else "async", s, remote_workers=s > 0)  # sync: inline
         pred = simulate(costs, wl).wall_s
         r["model_wall_s"], r["model_error"] = pred, pred / r["train_wall_s"] - 1
