@@ -115,3 +115,14 @@ def test_the_cli_stops_on_sigterm_with_one_line_and_exit_143(tmp_path):
     assert 1 <= step < 500
     assert [p.name for p in (tmp_path / "tiny_grpo" / "checkpoints").iterdir()] == [f"step_{step}"]
     assert json.loads(metrics.read_text().splitlines()[-1])["step"] == step
+
+
+def test_deliver_reaches_every_open_notice_and_only_those():
+    assert StopNotice.deliver("SIGTERM") == 0  # none open: nobody hears it
+    with StopNotice() as a, StopNotice() as b:
+        assert StopNotice.deliver("SIGUSR1") == 2
+        StopNotice.deliver("SIGTERM")
+        assert a.received == b.received == "SIGUSR1"  # the first one counts
+    fresh = StopNotice()
+    with fresh:
+        assert fresh.received is None

@@ -184,3 +184,30 @@ def test_trainer_actor_needs_the_ray_backend(tmp_path):
     cfg = load_config(EXAMPLE, [f"output_dir={tmp_path}", "runtime.trainer_actor=true"])
     with pytest.raises(LonghaulError, match="needs runtime.backend=ray"):
         train(cfg)
+
+
+def test_a_stop_notice_to_the_driver_reaches_the_trainer_actor(tmp_path, ray_cluster):
+    """SIGTERM to the process waiting on a trainer actor: the actor's run saves after its step and
+    the driver raises the same StopRequested (exit status 143) a local run would."""
+    from longhaul.runtime.notice import StopRequested
+
+    run = tmp_path / "tiny_grpo"
+
+    def signal_after_first_step():
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip():
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=signal_after_first_step, daemon=True).start()
+    cfg = load_config(EXAMPLE, [f"output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false", "eval.before_after=false",
+                                "train.steps=200", "train.save_every=0", "runtime.backend=ray", "runtime.address=auto",
+                                "runtime.trainer_actor=true"])
+    with pytest.raises(StopRequested, match=r"^SIGTERM received: stopped after step \d+ of 200") as stop:
+        ray_backend.train_in_actor(cfg)
+    assert stop.value.exit_code == 143
+    step = int(str(stop.value).split("after step ")[1].split()[0])
+    assert [p.name for p in (run / "checkpoints").iterdir()] == [f"step_{step}"]
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == step

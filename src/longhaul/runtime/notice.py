@@ -11,8 +11,9 @@ complete one is intact either way).
 
 Owned here: the handlers and the error. Not owned: what a checkpoint holds (`rl.checkpoint`),
 and the workers' processes (rollout workers and data-parallel ranks are closed by the loop on its
-way out, as after any error). Handlers exist only in the main thread: a run started from another
-thread (a serving job) opens a notice that never fires.
+way out, as after any error). Handlers exist only in the main thread; a loop in another thread (a
+Ray trainer actor's) hears a notice through `StopNotice.deliver`, which tells every notice open in
+its process what a signal would (`ray_backend.train_in_actor` forwards the driver's signal so).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class StopRequested(LonghaulError):
 
 
 class StopNotice:
+    _open: set["StopNotice"] = set()  # the notices open in this process: a signal reaches each of them
+
     def __init__(self):
         self.received: str | None = None  # the name of the first signal that arrived
         self._previous: dict = {}
@@ -40,12 +43,22 @@ class StopNotice:
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
+        StopNotice._open.add(self)
         return self
 
     def __exit__(self, *exc) -> None:
+        StopNotice._open.discard(self)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+    @classmethod
+    def deliver(cls, name: str) -> int:
+        """Tell every notice open in this process that `name` (e.g. "SIGTERM") arrived, as the
+        signal itself would; returns how many were open."""
+        for notice in list(cls._open):
+            notice.received = notice.received or name
+        return len(cls._open)
 
     def _on_signal(self, signum, frame) -> None:
         self.received = self.received or signal.Signals(signum).name

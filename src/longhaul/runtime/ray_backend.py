@@ -74,6 +74,12 @@ class _TrainerActor:
 
         return train(RunConfig.model_validate_json(cfg_json), resume)
 
+    def stop(self, name: str) -> int:
+        """The driver got a stop notice: the run saves after its step and ends (`runtime.notice`)."""
+        from longhaul.runtime.notice import StopNotice
+
+        return StopNotice.deliver(name)
+
 
 def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
     """Run training in a Ray actor; replace it, resuming, when it dies. `on_start(actor)` sees each one."""
@@ -82,7 +88,7 @@ def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
     rt = cfg.runtime
     ray = connect(rt.address, log_to_driver=True)
     inner = cfg.model_copy(update={"runtime": rt.model_copy(update={"trainer_actor": False})}).model_dump_json()
-    opts = {"num_cpus": rt.trainer_cpus, "num_gpus": rt.trainer_gpus, "max_restarts": 0, "max_concurrency": 2}  # run + pid
+    opts = {"num_cpus": rt.trainer_cpus, "num_gpus": rt.trainer_gpus, "max_restarts": 0, "max_concurrency": 2}  # run + pid / stop
     if rt.trainer_memory_gb:
         opts["memory"] = int(rt.trainer_memory_gb * 2**30)
     cls = ray.remote(**opts)(_TrainerActor)
@@ -93,7 +99,7 @@ def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
         if on_start is not None:
             on_start(actor)
         try:
-            result = ray.get(actor.run.remote(inner, resume))
+            result = ray.get(_wait_forwarding_notice(ray, actor, actor.run.remote(inner, resume)))
             return {**result, "trainer_restarts": attempt}
         except ray.exceptions.RayActorError as e:
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -104,14 +110,27 @@ def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
             resume, attempt = True, attempt + 1
         except ray.exceptions.RayTaskError as e:  # the run itself failed: its own error, as in-process
             cause = getattr(e, "cause", None)
-            if isinstance(cause, LonghaulError):
-                raise LonghaulError(str(cause)) from None
+            if isinstance(cause, LonghaulError):  # its own type: a stop keeps its exit status and label
+                raise cause.with_traceback(None) from None
             raise
         finally:
             try:
                 ray.kill(actor)
             except Exception:
                 pass
+
+
+def _wait_forwarding_notice(ray, actor, ref):
+    """Wait for the actor's run; a stop notice this process gets (SIGTERM, SIGUSR1) goes on to it,
+    again until the run's loop has heard it (one that is still setting up has no notice open yet)."""
+    from longhaul.runtime.notice import StopNotice
+
+    with StopNotice() as notice:
+        told = None  # the pending stop call
+        while not ray.wait([ref], timeout=0.5)[0]:
+            if notice.received and (told is None or (ray.wait([told], timeout=0)[0] and ray.get(told) == 0)):
+                told = actor.stop.remote(notice.received)
+    return ref
 
 
 class _RolloutActor:
