@@ -5,9 +5,12 @@ checked against them, and asked what it predicts at 8-512 rollout workers and 1-
 The job: `funcgen` (write a Python function, hidden tests decide), STEPS steps of PROMPTS
 prompts x GROUP samples (<= 128 tokens, T = 0.7, the quickstart's lr and KL), held-out greedy
 pass rate of the trained policy on EVAL tasks. The runs: runtime.mode=sync, then async with
-max_staleness 1 and 2 (rollouts in a child process, weights over shared memory), each with the
-sequences in flight at a weight update prefilled again (runtime.inflight_kv=recompute) and
-decoding on over their K/V (keep, the runs named -keep). Reported:
+each max_staleness of --staleness (rollouts in a child process, weights over shared memory),
+once for each runtime.inflight_kv of --inflight-kv (what sequences in flight do at a weight
+update: `keep` decodes on over their K/V, named -keep; `recompute` prefills them again). The
+default is 24 steps: an async run spends its first step filling the pipeline (the trainer waits
+while the worker generates the first s + 1 steps' requests in one batch), a fixed cost that a
+short job exaggerates. Reported:
 wall clock of the training loop, trajectories a second, the ratio to sync (overall and after
 the first step), the wall clock of the whole run (model, engines, evaluations, loop), the mean
 training reward and the held-out pass rate. The rollout process starts before the base
@@ -21,7 +24,7 @@ runs both at once in two processes. The model then predicts the measured runs (i
 error is in the table) and the scale-out grid, written with a plot to
 benchmarks/results/async_vs_sync.{json,html}.
 
-    python benchmarks/async_vs_sync.py [--steps 8] [--prompts 4] [--group 4] [--eval 100]
+    python benchmarks/async_vs_sync.py [--steps 24] [--prompts 4] [--group 4] [--eval 100] [--staleness 1,2,3] [--inflight-kv keep]
 """
 
 from __future__ import annotations
@@ -227,12 +230,12 @@ def log(msg: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--eval", type=int, default=100, help="held-out tasks evaluated after training (0: none)")
-    ap.add_argument("--staleness", default="1,2")
-    ap.add_argument("--inflight-kv", default="recompute,keep", help="runtime.inflight_kv values: each async run with each")
+    ap.add_argument("--staleness", default="1,2,3")
+    ap.add_argument("--inflight-kv", default="keep", help="runtime.inflight_kv values: each async run with each")
     ap.add_argument("--worker-threads", type=int, default=None, help="torch threads of the async rollout process (default: runtime.worker_threads's)")
     ap.add_argument("--probe-seconds", type=float, default=60.0)
     ap.add_argument("--out", default=str(OUT / "async_vs_sync.json"))
