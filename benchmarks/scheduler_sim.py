@@ -32,7 +32,8 @@ from longhaul.eval.svg import bar_chart, line_chart
 from longhaul.runtime.progress import console, progress_bar
 from longhaul.runtime.scheduling import cluster_sim
 from longhaul.runtime.scheduling.placer import PRESETS, PlacerConfig
-from longhaul.runtime.scheduling.workload import CHECKPOINT_EVERY_S, WorkloadSpec, make_workload
+from longhaul.runtime.scheduling.workload import (CHECKPOINT_EVERY_S, NOTICE_OVERHEAD_S, SAVES_ON_NOTICE, STORAGE_GBPS, TRAIN_STATE_X,
+                                                  WorkloadSpec, make_workload)
 
 GPU_WORKER_CPUS_PER_GPU = 6  # what the workload's GPU workers ask (workload._job): the placer keeps that many beside a free GPU
 
@@ -111,7 +112,9 @@ def _assumptions(spec: WorkloadSpec, workload: dict, tick_s: float) -> list[str]
             "checkpoint loads: node cache %g GB/s, same rack %g GB/s, storage %g GB/s; a gang spanning r racks runs 1 + %g (r - 1) "
             "times slower (%g below 32 GB)" % (cluster_sim.LOCAL_GBPS, cluster_sim.RACK_GBPS, cluster_sim.REMOTE_GBPS,
                                                 cluster_sim.CROSS_RACK_LARGE, cluster_sim.CROSS_RACK_SMALL),
-            f"pre-empted work survives at checkpoints every {', '.join(f'{k} {v / 60:g} min' for k, v in CHECKPOINT_EVERY_S.items())}",
+            f"pre-empted work survives at checkpoints every {', '.join(f'{k} {v / 60:g} min' for k, v in CHECKPOINT_EVERY_S.items())}; "
+            f"told of a pre-emption, {', '.join(k for k, v in SAVES_ON_NOTICE.items() if v)} runs save everything instead "
+            f"({TRAIN_STATE_X:g}x the checkpoint at {STORAGE_GBPS:g} GB/s + {NOTICE_OVERHEAD_S:g} s, holding their GPUs meanwhile)",
             f"one placer pass every {tick_s:g} s; seed {spec.seed}"]
 
 

@@ -8,7 +8,10 @@ that starts first loads its checkpoint on each GPU unit (from the node's own cac
 `REMOTE_GBPS`), then works; a gang whose checkpoint-loading units span r racks works
 `1 + alpha * (r - 1)` times slower (alpha `CROSS_RACK_LARGE` for checkpoints >= 32 GB, else
 `CROSS_RACK_SMALL`: weight sync and gradient traffic cross the spine). A pre-empted job keeps the
-work saved at its checkpoint cadence and loses the rest.
+work saved at its checkpoint cadence and loses the rest, unless the placer tells it (a job that
+saves on notice, `Job.notice_save_s`, handover.py): then it keeps all its work up to the notice,
+holds its GPUs for the save, which counts as lost GPU time (with the wait for the pass after the
+save ends: at most one tick more), and the head that evicted it starts (and loads) only after.
 
 Measured over [warm-up, end]:
 - utilisation: time-averaged allocated fraction of GPUs and CPUs; goodput: GPU time spent
@@ -47,9 +50,9 @@ from dataclasses import dataclass, field
 from longhaul.runtime.scheduling.cluster import Cluster
 from longhaul.runtime.scheduling.entitlement import water_fill  # the measure's split is the placer's estimate's
 from longhaul.runtime.scheduling.placer import Placer, PlacerConfig, Running
-from longhaul.runtime.scheduling.workload import DomainSpec, SimJob
+from longhaul.runtime.scheduling.workload import STORAGE_GBPS, DomainSpec, SimJob
 
-LOCAL_GBPS, RACK_GBPS, REMOTE_GBPS = 20.0, 10.0, 2.0
+LOCAL_GBPS, RACK_GBPS, REMOTE_GBPS = 20.0, 10.0, STORAGE_GBPS
 CROSS_RACK_LARGE, CROSS_RACK_SMALL = 0.10, 0.02
 HOUR = 3600.0
 TICK_S = 10.0  # seconds between placer passes (0: a pass after every event instant)
@@ -117,6 +120,7 @@ class Simulation:
         self.token: dict[str, int] = {}
         self.seq = 0
         self.started_at: dict[str, tuple[float, float, float]] = {}  # job -> (start, load s, slowdown)
+        self.told: dict[str, float] = {}  # job saving on notice -> when it was told
         self.wait: dict[str, float] = defaultdict(float)
         self.queued_since: dict[str, float] = {}
         self.ledgers = {"gpu": _Ledger(), "dominant": _Ledger()}  # fairness measured on GPU shares, and on dominant shares
@@ -157,18 +161,35 @@ class Simulation:
         for m, share in self._shares(run.job).items():
             self.ledgers[m].change(run.job.domain, now, held=share, queued=-share)
 
+    def _worked(self, jid: str, now: float) -> tuple[float, float]:
+        """(nominal work seconds done, the part of the run inside the window) of a run that stops now."""
+        start, load, slow = self.started_at.pop(jid)
+        return max(0.0, now - start - load) / slow, self._in_window(start, now) / max(now - start, 1e-9)
+
+    def _on_notice(self, run: Running, now: float) -> None:
+        """Told to save: all its work so far is kept; it holds its GPUs until `_on_stop`."""
+        jid = run.job.id
+        worked, frac = self._worked(jid, now)
+        self.remaining[jid] -= worked
+        self.goodput_gpu_s += sum(u.needs.gpus for u in run.job.units) * worked * frac
+        self.token[jid] = self.token.get(jid, 0) + 1  # its finish event is void
+        self.told[jid] = now
+
     def _on_stop(self, run: Running, now: float, preempted: bool) -> None:
         jid = run.job.id
-        start, load, slow = self.started_at.pop(jid)
         gpus = sum(u.needs.gpus for u in run.job.units)
-        worked = max(0.0, now - start - load) / slow  # nominal work seconds done
-        frac = self._in_window(start, now) / max(now - start, 1e-9)  # the part of this run inside the window
+        if jid in self.told:  # it saved on notice: its work was kept then, the save is lost
+            self.lost_gpu_s += gpus * self._in_window(self.told.pop(jid), now)
+            worked, frac = 0.0, 0.0
+        else:
+            worked, frac = self._worked(jid, now)
+            if preempted:
+                every = run.job.checkpoint_every_s
+                saved = math.floor(worked / every) * every if every else 0.0
+                self.remaining[jid] -= saved
+                self.lost_gpu_s += gpus * (worked - saved) * frac
+                worked = saved
         if preempted:
-            every = run.job.checkpoint_every_s
-            saved = math.floor(worked / every) * every if every else 0.0
-            self.remaining[jid] -= saved
-            self.lost_gpu_s += gpus * (worked - saved) * frac
-            worked = saved
             self.queued_since[jid] = now
             if self.warmup <= now <= self.end:
                 self.preemptions += 1
@@ -185,7 +206,7 @@ class Simulation:
     def run(self, progress=None) -> dict:
         """Replay the workload; the placer makes one pass at each tick that saw an event."""
         k, last = 0, -math.inf
-        while k < len(self.arrivals) or self.events or self.placer.queued():
+        while k < len(self.arrivals) or self.events or self.placer.queued() or self.placer.stopping:
             first = self._next_time(k)
             now = math.ceil(first / self.tick) * self.tick if self.tick else first
             if self.tick and self.placer.queued():  # waiting jobs: a pass every tick (grace periods run out between events)
@@ -210,6 +231,8 @@ class Simulation:
             for what, run in self.placer.schedule(now):
                 if what == "start":
                     self._on_start(run, now)
+                elif what == "notice":
+                    self._on_notice(run, now)
                 else:
                     self._on_stop(run, now, preempted=True)
             if progress is not None:
@@ -290,7 +313,7 @@ class Simulation:
                 "fairness_error_dominant": fair_dom,
                 "gpu_utilisation_hourly": [self.gpu_hourly.get(h, 0.0) for h in hours],
                 "preemptions": self.preemptions, "preempted_gpu_hours_lost": self.lost_gpu_s / HOUR, "jobs_in_window": len(delays),
-                "jobs_finished": self.finished, "jobs_waiting_at_end": self.placer.queued()}
+                "jobs_finished": self.finished, "jobs_waiting_at_end": self.placer.queued() + len(self.placer.stopping)}
 
 
 def simulate(nodes, domains, jobs, cfg: PlacerConfig, warmup_s: float, end_s: float, progress=None, tick_s: float = TICK_S) -> dict:

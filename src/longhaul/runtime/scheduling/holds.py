@@ -19,12 +19,15 @@ held node is closed to every job ranked after its head.
 
 A job that outruns its estimate delays the head it was let in beside; the next pass sees that
 (the overrun job's expected end moves on) and may hold another node for the head instead.
+
+Reservations (`reserve_after_s`, `_reserve`) drain nodes for a head across passes: see `placer.py`.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from collections import defaultdict
 
 from longhaul.runtime.scheduling.placement import Job
 
@@ -56,6 +59,10 @@ class Holds:
     def _expected_end(self, jid: str, now: float) -> float:
         """When running job `jid` is expected to end: its start plus the estimate it started with,
         or, past that, one more estimate from now."""
+        if jid in self.stopping:  # told to save (handover.py): it leaves when the save ends
+            return max(now, self.stopping[jid][1])
+        if jid in self.awaiting:  # a head's claim: held from when its victims have saved, for its run
+            return max(now, self.awaiting[jid][1]) + self.durations.expect(self.jobs[jid])
         run = self.running[jid]
         est = self._estimate_at_start.get(jid) or self.durations.expect(run.job)
         return run.started + est if run.started + est > now else now + est
@@ -115,3 +122,20 @@ class Holds:
         for i in nodes:
             self._held[i] = until
             bisect.insort(self._held_until, until)
+
+    def _reserve(self, job: Job) -> None:
+        """Drain, for `job`, the nodes with the most free now that could hold its units."""
+        c, taken, nodes = self.c, defaultdict(lambda: [0, 0, 0]), set()
+        for u in sorted(job.needs, reverse=True, key=lambda u: (u[2], u[0], u[1])):
+            k = max(range(3), key=lambda k: u[k] / c.total[k] if c.total[k] else 0.0)
+            fits = [i for i in range(len(c.nodes)) if i not in self.node_reserved
+                    and all(c.cap[i][m] - taken[i][m] >= u[m] for m in range(3))]
+            if not fits:
+                return  # it can never fit while other reservations stand
+            i = max(fits, key=lambda i: (c.free[i][k] - taken[i][k], -i))
+            for m in range(3):
+                taken[i][m] += u[m]
+            nodes.add(i)
+        self.reserved[job.id] = nodes
+        for i in nodes:
+            self.node_reserved[i] = job.id

@@ -46,6 +46,7 @@ class Job:
     preemptible: bool = True
     submitted: float = 0.0  # first submission time (kept across pre-emptions)
     checkpoint_every_s: float | None = None  # how often it saves its progress; None: a pre-emption loses all of it
+    notice_save_s: float | None = None  # told it is pre-empted, it saves everything in this long, then exits (handover.py); None: it cannot
 
     @cached_property
     def needs(self) -> list[tuple[int, int, int]]:

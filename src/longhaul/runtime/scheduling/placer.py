@@ -26,7 +26,8 @@ every blocked head of a domain under its entitlement keeps its GPU count (all of
 that share of the GPUs) from jobs of domains that are not: those below their share still backfill.
 `order="fifo"` is one queue in submission order; without backfill a blocked head stops it.
 
-Pre-emption (`preempt`, `fair_preempt_after_s`): see `preemption.py`.
+Pre-emption (`preempt`, `fair_preempt_after_s`): see `preemption.py`; victims that save on
+notice hand their nodes over once saved (`notice`): see `handover.py`.
 
 Class floor (`min_class_share`): priorities are strict except that a priority class with
 waiting jobs is guaranteed that share of the cluster (GPUs, or the `share` measure): while it
@@ -45,7 +46,7 @@ backfill keeps overtaking) gets nodes drained for it if its domain came first in
 priority's fair order when the pass began (so an over-share domain never drains nodes ahead of
 the domains below it): up to `max_reservations` jobs at a time each hold a
 set of nodes (the ones with the most free now) that no other job may start on;
-the job starts as soon as it fits, and its reservation ends then.
+the job starts as soon as it fits, and its reservation ends then (`holds.py` drains them).
 
 Resources are taken only through `Cluster.allocate` (all or nothing): the placer never
 oversubscribes a node, whatever the policy chooses.
@@ -66,6 +67,7 @@ from longhaul.config import Section
 from longhaul.runtime.scheduling.cluster import Cluster, Resources
 from longhaul.runtime.scheduling.durations import Durations
 from longhaul.runtime.scheduling.entitlement import Entitlements
+from longhaul.runtime.scheduling.handover import Handover
 from longhaul.runtime.scheduling.holds import Holds
 from longhaul.runtime.scheduling.placement import PLACEMENT, FreeView, Job
 from longhaul.runtime.scheduling.preemption import Preemption
@@ -92,6 +94,7 @@ class PlacerConfig(Section):
     usage_lookahead_s: float = Field(600.0, ge=0)  # a job counts as this much use the moment it starts (no burst of one domain in one pass)
     fair_preempt_after_s: float | None = Field(None, ge=0)  # a head waiting this long may evict jobs of over-share domains of its own priority; None: never
     fair_preempt_max_loss_s: float | None = Field(None, ge=0)  # fair-share victims have at most this much unsaved work (they saved recently); None: any
+    fair_preempt_max_save_s: float | None = Field(None, ge=0)  # ... but victims told to save (handover.py) only a save at most this long; None: as above
     max_preemptions: int | None = Field(2, ge=0)  # a job evicted this often is not evicted again (no job starves restarting); None: no cap
     age_after_s: float | None = Field(None, gt=0)  # a job waiting this long is ordered one priority higher (never for pre-emption); None: off (aging overrides the weights)
     domain_scan: int = Field(4, ge=1)  # jobs of one domain tried behind its blocked head
@@ -104,13 +107,15 @@ class PlacerConfig(Section):
     hold_for_under: float = Field(0.0, ge=0, le=0.5)  # blocked heads of domains under their entitlement keep their GPUs (up to this share of all) from domains that are not (non-work-conserving); 0: off
     entitled_preempt: bool = False  # fair-share pre-emption only for domains under their entitlement, of jobs of domains over theirs, least unsaved work first
     min_class_share: float = Field(0.0, ge=0, le=0.5)  # a priority class with waiting jobs is guaranteed this share of the GPUs (no starvation under strict priorities); 0: strict
+    notice: bool = False  # victims that save on notice (Job.notice_save_s) are told, and keep their nodes while they save, when that loses less than killing them (handover.py); off: killed
 
 
 PRESETS = {
     # the fair order alone leaks to jobs that fit behind blocked under-share heads; strict priorities starve priority 0 in
     # peaks; fair-share victims only just after they saved (lost work 14,694 -> 3,549 GPU-h at full scale); a domain's small
     # jobs before its gangs, and a 10% floor, bring the p99 below FIFO's (docs/scheduling.md has the figures); node holds with
-    # EASY backfill (hold_nodes=16, easy_backfill) took fairness 0.130 -> 0.119 but the p99 to 374 min, above FIFO's 352: off
+    # EASY backfill (hold_nodes=16, easy_backfill) took fairness 0.130 -> 0.119 but the p99 to 374 min, above FIFO's 352: off;
+    # notice (told training runs save): lost GPU-h 3,771 -> 1,577, fairness 0.114 -> 0.120 (seed 1: 0.122 -> 0.110, still under FIFO): off
     "longhaul": PlacerConfig(fair_preempt_after_s=300.0, fair_preempt_max_loss_s=60.0, hold_for_first=True, min_class_share=0.10,
                              queue_order="smallest"),
     "fifo": PlacerConfig(order="fifo", policy="first_fit", backfill=False, preempt=False, reserve_after_s=None),
@@ -133,7 +138,7 @@ class Running:
         return self.job.priority if self.priority is None else self.priority
 
 
-class Placer(Preemption, Holds):
+class Placer(Preemption, Holds, Handover):
     def __init__(self, cluster: Cluster, cfg: PlacerConfig = PlacerConfig(), weights: dict[str, float] | None = None):
         self.c, self.cfg = cluster, cfg
         self.policy = PLACEMENT.get_fn(cfg.policy)
@@ -142,6 +147,8 @@ class Placer(Preemption, Holds):
         self.jobs: dict[str, Job] = {}  # queued jobs by id
         self.waiting_since: dict[str, float] = {}
         self.running: dict[str, Running] = {}
+        self.stopping: dict[str, tuple[Running, float]] = {}  # told victims saving -> (their run, when the save ends)
+        self.awaiting: dict[str, tuple[list[int], float, list[str]]] = {}  # queued head -> (its nodes, when its victims have saved, them)
         self.usage = Usage(cfg.usage_half_life_s, cfg.usage_lookahead_s)  # domain -> share held now and recently (what the weights share out)
         self.entitled = Entitlements(cfg.usage_half_life_s, self.weights)  # domain -> its weighted max-min share of its class's use
         self._entitling = bool(cfg.entitled_holds or cfg.entitled_preempt or cfg.hold_for_under)  # only those options read it
@@ -287,6 +294,7 @@ class Placer(Preemption, Holds):
         self._held, self._held_until, self._failed_held = {}, [], set()
         if self._entitling:
             self.entitled.update(self.usage, now)
+        self._hand_over(now, log)
         for jid in list(self.reserved):
             self._attempt(self.jobs[jid], now, True, log)
         if self.cfg.order == "fifo":
@@ -300,7 +308,7 @@ class Placer(Preemption, Holds):
         for job in list(islice(self.queues[""], self.cfg.scan_limit + len(self.reserved))):
             if tries >= self.cfg.scan_limit:
                 break
-            if job.id in self.reserved:
+            if job.id in self.reserved or job.id in self.awaiting:
                 continue
             tries += 1
             if not self._attempt(job, now, tries == 1, log) and not self.cfg.backfill:
@@ -324,7 +332,7 @@ class Placer(Preemption, Holds):
                 continue
             placed = False
             for pos, job in enumerate(list(islice(q, cfg.domain_scan if cfg.backfill else 1))):
-                if job.id in self.reserved:
+                if job.id in self.reserved or job.id in self.awaiting:
                     continue
                 tries += 1
                 if keep and job.total[2] and self.c.free_total[2] - job.total[2] < keep:
@@ -397,23 +405,6 @@ class Placer(Preemption, Holds):
                 and len(self.reserved) < self.cfg.max_reservations):
             self._reserve(job)
         return False
-
-    def _reserve(self, job: Job) -> None:
-        """Drain, for `job`, the nodes with the most free now that could hold its units."""
-        c, taken, nodes = self.c, defaultdict(lambda: [0, 0, 0]), set()
-        for u in sorted(job.needs, reverse=True, key=lambda u: (u[2], u[0], u[1])):
-            k = max(range(3), key=lambda k: u[k] / c.total[k] if c.total[k] else 0.0)
-            fits = [i for i in range(len(c.nodes)) if i not in self.node_reserved
-                    and all(c.cap[i][m] - taken[i][m] >= u[m] for m in range(3))]
-            if not fits:
-                return  # it can never fit while other reservations stand
-            i = max(fits, key=lambda i: (c.free[i][k] - taken[i][k], -i))
-            for m in range(3):
-                taken[i][m] += u[m]
-            nodes.add(i)
-        self.reserved[job.id] = nodes
-        for i in nodes:
-            self.node_reserved[i] = job.id
 
     def held(self) -> Resources:
         return Resources.of(tuple(t - f for t, f in zip(self.c.total, self.c.free_total)))

@@ -7,14 +7,16 @@ running pre-emptible jobs of strictly lower priority (`queues.preempts`), only i
 fit: victims are taken node by node, lowest priority first, then the least work lost (held
 dominant share x time since they last saved, per `Job.checkpoint_every_s`), until the job's
 units fit, never taking a victim whose class would fall below its `min_class_share`. Victims
-go back to the head of their queue. A job evicted `max_preemptions` times is not evicted again,
+go back to the head of their queue (a victim that saves on notice, once it has saved:
+handover.py). A job evicted `max_preemptions` times is not evicted again,
 so no job starves restarting; at most `preempt_tries` searches run a pass.
 
 Fair-share pre-emption (`fair_preempt_after_s`): a head that has waited that long may also
 evict jobs of its own priority from domains whose level per weight is above the one its domain
 would reach by starting it, taking each victim only while the victim's domain stays at least
 that high (no ping-pong); the most over-share domain's least costly job goes first, and with
-`fair_preempt_max_loss_s` only jobs that saved at most that long ago are taken.
+`fair_preempt_max_loss_s` only jobs that saved at most that long ago are taken; a victim told to
+save on notice (handover.py) loses its save instead, capped by `fair_preempt_max_save_s` if set.
 
 With `entitled_preempt` the test is the estimated entitlement (entitlement.py) instead of the
 level: only a head of a domain under its entitlement may evict, only jobs of domains over theirs,
@@ -60,13 +62,21 @@ class Preemption:
         `job`'s domain would reach by starting it, with at most `fair_preempt_max_loss_s` of
         unsaved work. A victim is taken only while its domain stays at or above that level
         after losing it, so two domains never evict each other back and forth."""
-        bar, cap = self.level(job.domain, now, self.charge(job)), self.cfg.fair_preempt_max_loss_s
+        bar = self.level(job.domain, now, self.charge(job))
         above = ((lambda d: self.entitled.over(d, self.usage.level(d, now)) > 0) if self.cfg.entitled_preempt
                  else (lambda d: self.level(d, now) > bar))
         runs = {jid: r for jid, r in self.by_priority.get(job.priority, {}).items()
                 if r.job.priority == job.priority and r.job.domain != job.domain and above(r.job.domain)
-                and (cap is None or self._unsaved_s(r, now) <= cap)}
+                and self._cheap(r, now)}
         return self._candidates(runs)
+
+    def _cheap(self, r: Running, now: float) -> bool:
+        """Whether `r` loses little enough to be a fair-share victim: a save of at most
+        `fair_preempt_max_save_s` if it is told (handover.py), else at most `fair_preempt_max_loss_s` unsaved."""
+        cfg = self.cfg
+        told = self._told(r, now)
+        cap = cfg.fair_preempt_max_save_s if told and cfg.fair_preempt_max_save_s is not None else cfg.fair_preempt_max_loss_s
+        return cap is None or (r.job.notice_save_s if told else self._cadence_loss_s(r, now)) <= cap
 
     def _preempt_for(self, job: Job, now: float, log: list) -> bool:
         """Evict for `job`: strictly lower priorities after `preempt_after_s`; with
@@ -97,13 +107,18 @@ class Preemption:
             if not own:
                 self._failed_preempt.add(key)
             return False
+        told = [v for v in chosen if self._told(v, now)]  # they save first (handover.py); the others are killed now
         for victim in chosen:
-            self.release(victim.job.id, now, finished=False)
-            self._requeue(victim.job, now)
+            if not any(v is victim for v in told):
+                self.release(victim.job.id, now, finished=False)
+                self._requeue(victim.job, now)
+                log.append(("preempt", victim))
             self.preemptions += 1
             self.evictions[victim.job.id] += 1
-            log.append(("preempt", victim))
-        log.append(("start", self._start(job, nodes, now)))
+        if told:
+            self._tell(told, job, nodes, now, log)
+        else:
+            log.append(("start", self._start(job, nodes, now)))
         return True
 
     def _plan_victims(self, job: Job, nodes: list[int], runs: dict, now: float, mode: str) -> list[Running] | None:
@@ -155,17 +170,13 @@ class Preemption:
         return self.level(d, now, less) >= bar - 1e-12
 
     def _loss(self, run: Running, now: float) -> float:
-        """What evicting `run` now throws away: its share x the time since it last saved."""
+        """What evicting `run` now throws away: its share x the wall seconds it loses."""
         return self.dominant(run.job) * self._unsaved_s(run, now)
 
-    @staticmethod
-    def _unsaved_s(run: Running, now: float) -> float:
-        """Wall seconds since `run` last saved (or started: loading its checkpoint is lost too).
-        Saves fall every `checkpoint_every_s` of work, counted from when it began working at its
-        pace: a clock from `started` would put them a load time early, and a victim the placer
-        took for just saved would lose a whole interval."""
-        every, begun = run.job.checkpoint_every_s, run.started if run.working_from is None else run.working_from
-        work = max(0.0, now - begun) / run.pace
-        if not every or work < every:
-            return now - run.started
-        return (work % every) * run.pace
+    def _unsaved_s(self, run: Running, now: float) -> float:
+        """Wall seconds evicting `run` now loses: its save if it is told (`notice`, handover.py),
+        else the time since it last saved (or started: loading its checkpoint is lost too). Saves
+        fall every `checkpoint_every_s` of work, counted from when it began working at its pace:
+        a clock from `started` would put them a load time early, and a victim the placer took
+        for just saved would lose a whole interval."""
+        return run.job.notice_save_s if self._told(run, now) else self._cadence_loss_s(run, now)

@@ -12,7 +12,11 @@ in the policy. What it models:
 - Jobs: rollout batches (70%: 1/2/4 inference workers and their sandbox pools of 16 CPUs,
   lognormal duration, median 15 min, sigma 1), evaluations (25%: one worker, twice the pools,
   median 8 min, sigma 0.8) and training runs (5%: 1/2/4/8 whole GPU nodes, median 2 h,
-  sigma 0.7). Durations are clipped to [1 min, 24 h].
+  sigma 0.7). Durations are clipped to [1 min, 24 h]. Work survives pre-emption at a checkpoint
+  every 5 min (rollouts, evaluations) or 30 min (training); a training run told of its
+  pre-emption saves everything instead, in `notice_save_s`: its weights and Adam state (3x the
+  checkpoint) written at `STORAGE_GBPS` (2 GB/s for the whole gang, not per node: conservative),
+  plus 60 s to finish its step and exit (64 s for 3 GB weights, 84 s for 16, 156 s for 64, 270 s for 140).
 - Arrivals: one Poisson process whose rate follows a daily cycle (+-`diurnal`), domains
   chosen by demand; 3% of arrivals are sweeps of 5-40 identical jobs at once. The mean rate is
   set so the offered GPU load is `load` times the GPU capacity (peaks above it, troughs below);
@@ -35,6 +39,15 @@ CPU_NODE = Resources(cpus=128, mem_gb=512, gpus=0)
 SANDBOX = Resources(cpus=16, mem_gb=32)
 KINDS = (("rollout", 0.70, 15 * 60, 1.0), ("eval", 0.25, 8 * 60, 0.8), ("train", 0.05, 2 * 3600, 0.7))  # (kind, p, median s, sigma)
 CHECKPOINT_EVERY_S = {"rollout": 300.0, "eval": 300.0, "train": 1800.0}  # work saved at this cadence survives pre-emption
+SAVES_ON_NOTICE = {"rollout": False, "eval": False, "train": True}  # told of a pre-emption, it saves everything (SIGTERM -> checkpoint)
+STORAGE_GBPS = 2.0  # shared storage, read (cluster_sim.REMOTE_GBPS) and written alike
+TRAIN_STATE_X = 3.0  # a training checkpoint is weights + Adam's two moments: 3x the weights
+NOTICE_OVERHEAD_S = 60.0  # on top of the write: finishing the current step, flushing, exiting (counted as lost, though the step's work is kept)
+
+
+def notice_save_s(kind: str, checkpoint_gb: float) -> float | None:
+    """How long a job of `kind` takes to save on notice (None: it does not, it keeps only its cadence saves)."""
+    return NOTICE_OVERHEAD_S + TRAIN_STATE_X * checkpoint_gb / STORAGE_GBPS if SAVES_ON_NOTICE[kind] else None
 
 
 @dataclass(frozen=True)
@@ -101,7 +114,8 @@ def _job(rng: random.Random, d: DomainSpec, kind: str, jid: str, t: float) -> tu
         pools = max(1, round(workers * d.sandbox_per_worker * (2 if kind == "eval" else 1)))
         worker = WorkUnit("rollout", Resources(cpus=6 * d.worker_gpus, mem_gb=64 * d.worker_gpus, gpus=d.worker_gpus))
         units = (worker,) * workers + (WorkUnit("sandbox", SANDBOX, loads_checkpoint=False),) * pools
-    return Job(jid, d.name, units, d.priority, d.checkpoint_gb, f"{d.name}/policy", True, t, CHECKPOINT_EVERY_S[kind]), work
+    return Job(jid, d.name, units, d.priority, d.checkpoint_gb, f"{d.name}/policy", True, t, CHECKPOINT_EVERY_S[kind],
+               notice_save_s(kind, d.checkpoint_gb)), work
 
 
 def _gpu_seconds(job: Job, work: float) -> float:
