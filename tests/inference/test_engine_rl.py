@@ -146,3 +146,23 @@ def test_keep_kv_update_decodes_on_over_the_old_weights_kv(models):
         redo = torch.log_softmax(recomputed.double(), -1).gather(1, torch.tensor(o.token_ids[5:])[:, None])[:, 0]
         worst = max(worst, (redo - picked).abs().max().item())
     assert worst > 1e-3  # the old K/V made a difference, so the check above could tell the two apart
+
+
+def test_keep_kv_blocks_never_enter_the_prefix_cache(models):
+    """A sequence kept across an update attends over old K/V: its later blocks are never shared,
+    even where a request prefilled under the new weights registered the blocks before them."""
+    old, new, tok = models
+    eng = LLMEngine(old, tokenizer=tok, num_kv_blocks=64, block_size=2)
+    eng.add_request("kept", PROMPTS[2], greedy(24))
+    for _ in range(5):
+        eng.step()
+    so_far = list(eng.requests["kept"].token_ids)  # prompt + 5 tokens
+    eng.update_weights(new.state_dict(), version=1, keep_kv=True)
+    eng.add_request("fresh", so_far, greedy(1))  # the same tokens, prefilled under the new weights and cached
+    done = {}
+    while eng.has_unfinished_requests():
+        done.update({o.request_id: o for o in eng.step() if o.finished})
+    hits = eng.stats()["prefix_cache_hits"]
+    eng.generate([tok.encode(PROMPTS[2]) + done["kept"].token_ids], greedy(1))
+    gained = eng.stats()["prefix_cache_hits"] - hits
+    assert 0 < gained <= len(so_far), f"{gained} tokens hit; only the fresh request's {len(so_far)} may"

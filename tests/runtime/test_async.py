@@ -128,7 +128,9 @@ def test_a_worker_keeps_or_recomputes_inflight_kv_as_configured(kv):
     th = threading.Thread(target=lambda: seen.update(out=generate(worker.sampler, tok, [prompt] * 3,
                                                                   SamplingParams(max_new_tokens=80, temperature=0))))
     th.start()
+    deadline = time.monotonic() + 120
     while worker.sampler.stats()["generation_tokens_total"] < 12:
+        assert th.is_alive() and time.monotonic() < deadline, "generation ended or stalled before the update"
         time.sleep(0.001)
     worker.load_weights(policy_tensors(v1), 1)
     th.join()

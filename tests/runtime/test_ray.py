@@ -186,6 +186,12 @@ def test_trainer_actor_needs_the_ray_backend(tmp_path):
         train(cfg)
 
 
+def _long_run_in_a_trainer_actor(tmp_path, *extra):
+    """200 tiny sync steps in a trainer actor: long enough that only a stop ends them in a test."""
+    return load_config(EXAMPLE, [f"output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false", "eval.before_after=false",
+                                 "train.steps=200", "runtime.backend=ray", "runtime.address=auto", "runtime.trainer_actor=true", *extra])
+
+
 def test_a_stop_notice_to_the_driver_reaches_the_trainer_actor(tmp_path, ray_cluster):
     """SIGTERM to the process waiting on a trainer actor: the actor's run saves after its step and
     the driver raises the same StopRequested (exit status 143) a local run would."""
@@ -202,12 +208,40 @@ def test_a_stop_notice_to_the_driver_reaches_the_trainer_actor(tmp_path, ray_clu
             time.sleep(0.05)
 
     threading.Thread(target=signal_after_first_step, daemon=True).start()
-    cfg = load_config(EXAMPLE, [f"output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false", "eval.before_after=false",
-                                "train.steps=200", "train.save_every=0", "runtime.backend=ray", "runtime.address=auto",
-                                "runtime.trainer_actor=true"])
+    cfg = _long_run_in_a_trainer_actor(tmp_path, "train.save_every=0")
     with pytest.raises(StopRequested, match=r"^SIGTERM received: stopped after step \d+ of 200") as stop:
         ray_backend.train_in_actor(cfg)
     assert stop.value.exit_code == 143
     step = int(str(stop.value).split("after step ")[1].split()[0])
     assert [p.name for p in (run / "checkpoints").iterdir()] == [f"step_{step}"]
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == step
+
+
+def test_a_trainer_actor_that_dies_while_stopping_is_not_replaced(tmp_path, ray_cluster):
+    """Told to stop, then the actor dies (its node is going away): the run ends with the stop,
+    from the last checkpoint, instead of starting a new actor."""
+    from longhaul.runtime.notice import StopRequested
+
+    run, actors, done = tmp_path / "tiny_grpo", [], {}
+
+    def stop_then_kill():
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if actors and (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip():
+                pid = ray.get(actors[0].pid.remote())
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:  # it had already saved and stopped
+                    pass
+                done["at"] = time.monotonic()
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=stop_then_kill, daemon=True).start()
+    cfg = _long_run_in_a_trainer_actor(tmp_path, "train.save_every=1")
+    with pytest.raises(StopRequested, match=r"^SIGTERM received: "):
+        ray_backend.train_in_actor(cfg, on_start=actors.append)
+    assert done, "the stop was never sent"
+    assert len(actors) == 1, "a stopped run must not start another trainer actor"

@@ -86,8 +86,9 @@ class BlockManager:
         return hit
 
     def cache_blocks(self, seq) -> None:
-        """Register seq's blocks that are full and computed, so later sequences can share them."""
-        if not self.enable_prefix_caching:
+        """Register seq's blocks that are full and computed, so later sequences can share them
+        (not those of a sequence whose K/V spans a weight update: `kv_stale`)."""
+        if not self.enable_prefix_caching or getattr(seq, "kv_stale", False):
             return
         full = seq.num_computed_tokens // self.block_size
         if full <= seq.num_cached_blocks:
@@ -124,6 +125,7 @@ class BlockManager:
         seq.block_table = hit + [self._pop_free() for _ in range(need)]
         seq.num_computed_tokens = len(hit) * self.block_size
         seq.num_cached_blocks = len(hit)
+        seq.kv_stale = False  # what it computes from here is under one set of weights
 
     def can_append(self, seq, num_new_tokens: int) -> bool:
         return self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table) <= len(self.free)

@@ -232,12 +232,16 @@ class LLMEngine:
         and tag later tokens with `version`. The prefix cache is dropped (no later request
         reuses K/V of the old weights). In-flight requests re-prefill under the new weights, or
         with `keep_kv` keep the K/V they have and go on decoding over it (PipelineRL's in-flight
-        update: no prefill again, but later tokens attend over the old weights' K/V; the
-        log-probs recorded are still those the tokens were sampled with). Returns tensors loaded."""
+        update: no prefill again, but later tokens attend over the old weights' K/V, so none of
+        their blocks enters the prefix cache; the log-probs recorded are still those the tokens
+        were sampled with). Returns tensors loaded."""
         tensors = weights if isinstance(weights, dict) else _read_weights(Path(weights))
         with self._step_lock:
             loaded = self.runner.load_weights(tensors)
-            if not keep_kv:
+            if keep_kv:
+                for seq in self.scheduler.running:  # their later blocks attend over the old K/V: never shared
+                    seq.kv_stale = True
+            else:
                 self.scheduler.preempt_all()
             self.block_manager.flush()
             self.weight_version = int(version)

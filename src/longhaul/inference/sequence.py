@@ -43,6 +43,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # chain hashes of full blocks (filled by the block manager)
         self.num_cached_blocks = 0  # of block_table, registered in the prefix cache
+        self.kv_stale = False  # its K/V spans a weight update (kept in flight): never shared through the prefix cache
         self.num_cached_tokens: int | None = None  # prefix-cache hit of the first schedule
         self.logprobs: list[float] = []
         self.top_logprobs: list[dict[int, float] | None] = []

@@ -89,6 +89,7 @@ class Controller:
         (`resume`: `checkpoint_state()` as saved): finished ones are reused from the buffer,
         unfinished ones run again with the same tasks and seed, later ones are dropped."""
         self.version, self.next_step = start_step, start_step + 1
+        self.t0 = time.monotonic()  # throughput and idle ratios count from here, not from construction
         if resume is not None:
             self._reload(start_step, resume)
         if start_step:  # a resumed run: the workers' weights are version start_step, not 0

@@ -188,8 +188,10 @@ def _child_main(cfg_json: str, wid: int, transport, conn, box, threads: int, cap
 
     from longhaul.config import RunConfig
     from longhaul.malloc import keep_freed_memory
+    from longhaul.runtime.notice import leave_to_the_parent
 
     keep_freed_memory()
+    leave_to_the_parent()
     cores = os.cpu_count() or 1
     torch.set_num_threads(threads)
     lock = threading.Lock()

@@ -32,7 +32,16 @@ class StopRequested(LonghaulError):
     label = "stopped"
 
 
+def leave_to_the_parent() -> None:
+    """In a child process of a run (a rollout worker, a data-parallel rank): ignore the stop
+    signals, which Slurm and a process-group kill send to every process; the run's loop hears
+    them, saves and closes its children itself."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 class StopNotice:
+    """While open (a `with` block), the stop signals mark the run as told to stop (`received`)."""
     _open: set["StopNotice"] = set()  # the notices open in this process: a signal reaches each of them
 
     def __init__(self):

@@ -28,6 +28,7 @@ import threading
 import time
 
 from longhaul.errors import LonghaulError
+from longhaul.runtime.notice import StopNotice, StopRequested
 from longhaul.runtime.pool import WorkerPool, policy_tensors
 from longhaul.runtime.weights import SyncStats, nbytes
 
@@ -76,15 +77,12 @@ class _TrainerActor:
 
     def stop(self, name: str) -> int:
         """The driver got a stop notice: the run saves after its step and ends (`runtime.notice`)."""
-        from longhaul.runtime.notice import StopNotice
-
         return StopNotice.deliver(name)
 
 
 def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
-    """Run training in a Ray actor; replace it, resuming, when it dies. `on_start(actor)` sees each one."""
-    from longhaul.runtime.progress import console
-
+    """Run training in a Ray actor; replace it, resuming, when it dies, unless this process was
+    told to stop (then the stop ends the run). `on_start(actor)` sees each one."""
     rt = cfg.runtime
     ray = connect(rt.address, log_to_driver=True)
     inner = cfg.model_copy(update={"runtime": rt.model_copy(update={"trainer_actor": False})}).model_dump_json()
@@ -93,16 +91,26 @@ def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
         opts["memory"] = int(rt.trainer_memory_gb * 2**30)
     cls = ray.remote(**opts)(_TrainerActor)
     threads = cfg.threads or max(1, int(rt.trainer_cpus))
+    with StopNotice() as notice:  # one for every attempt: a stop is not forgotten by a restart
+        return _attempts(ray, cls, threads, inner, resume, notice, rt, on_start)
+
+
+def _attempts(ray, cls, threads: int, inner: str, resume: bool, notice, rt, on_start) -> dict:
+    from longhaul.runtime.progress import console
+
     attempt = 0
     while True:
         actor = cls.remote(threads)
         if on_start is not None:
             on_start(actor)
         try:
-            result = ray.get(_wait_forwarding_notice(ray, actor, actor.run.remote(inner, resume)))
+            result = ray.get(_wait_forwarding_notice(ray, actor, actor.run.remote(inner, resume), notice))
             return {**result, "trainer_restarts": attempt}
         except ray.exceptions.RayActorError as e:
             why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if notice.received:  # told to stop: the node is going away, so no new actor
+                raise StopRequested(f"{notice.received} received: the trainer actor died while stopping ({why}); its last "
+                                    f"checkpoint is intact; run the same `longhaul train` command with --resume") from None
             if attempt == rt.trainer_restarts:
                 raise LonghaulError(f"the trainer actor died {attempt + 1} time(s), last: {why}; see the Ray logs "
                                     f"(/tmp/ray/session_latest/logs) or raise runtime.trainer_restarts") from None
@@ -120,17 +128,23 @@ def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
                 pass
 
 
-def _wait_forwarding_notice(ray, actor, ref):
+def _wait_forwarding_notice(ray, actor, ref, notice):
     """Wait for the actor's run; a stop notice this process gets (SIGTERM, SIGUSR1) goes on to it,
-    again until the run's loop has heard it (one that is still setting up has no notice open yet)."""
-    from longhaul.runtime.notice import StopNotice
-
-    with StopNotice() as notice:
-        told = None  # the pending stop call
-        while not ray.wait([ref], timeout=0.5)[0]:
-            if notice.received and (told is None or (ray.wait([told], timeout=0)[0] and ray.get(told) == 0)):
-                told = actor.stop.remote(notice.received)
+    again until the run's loop has heard it (one that is still setting up has no notice open yet).
+    An actor that died answers through `ref`."""
+    told = None  # the pending stop call
+    while not ray.wait([ref], timeout=0.5)[0]:
+        if notice.received and (told is None or (ray.wait([told], timeout=0)[0] and _heard(ray, told) == 0)):
+            told = actor.stop.remote(notice.received)
     return ref
+
+
+def _heard(ray, told) -> int:
+    """How many notices the actor's stop call reached (-1: the actor is gone)."""
+    try:
+        return ray.get(told)
+    except ray.exceptions.RayActorError:
+        return -1
 
 
 class _RolloutActor:

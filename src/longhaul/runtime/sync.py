@@ -263,23 +263,13 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     buffer = ReplayBuffer.open(run_dir / "buffer.jsonl", buffer_capacity(cfg), cfg.runtime.buffer_order,
                                resume_step=start if state is not None else None)
     rollouts = make_rollouts(cfg, family, tok, policy, run_dir)
-    rollouts.start()  # worker processes and actors load the model while this process evaluates the base weights
-    t_rollouts = time.perf_counter()
-    # evaluation samples in this process: with the inline worker's sampler, else a sampler of its own
-    eval_sampler = (lambda: rollouts.sampler) if hasattr(rollouts, "sampler") else (lambda: make_sampler(cfg, policy, tok))
-    base = None
-    if cfg.eval.before_after:
-        # a resumed run normally finds the base result on disk; if not, the base weights are reloaded
-        base_model = eval_sampler if ckpt is None else (lambda: make_sampler(cfg, load_policy(cfg.model.name)[0], tok))
-        try:
-            base = evaluate_heldout(prep, base_model, "base", run_dir / "eval_base.json")
-        except BaseException:
-            rollouts.close()
-            raise
     ctl = Controller(cfg, source, trainer, rollouts, buffer, policy, epoch=state.get("epoch", 0) + 1 if state else 0)
-    t_train = time.perf_counter()
-    t_head = t_train - t_rollouts
-    try:
+    try:  # from here on the workers, the buffer and the trainer's ranks are closed whatever happens
+        rollouts.start()  # worker processes and actors load the model while this process evaluates the base weights
+        t_rollouts = time.perf_counter()
+        base = _evaluate_base(cfg, prep, rollouts, policy, tok, ckpt, run_dir)
+        t_train = time.perf_counter()
+        t_head = t_train - t_rollouts
         ctl.start(start, resume=state)
         with StopNotice() as notice:
             _train_steps(cfg, ctl, trainer, policy, tok, run_dir, log, start, notice)
@@ -294,13 +284,27 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     result = {"run_dir": str(run_dir), "steps": cfg.train.steps, "train_wall_s": t_train, "workers_head_start_s": t_head}
     comparison = None
     if base is not None:
-        trained = evaluate_heldout(prep, eval_sampler, "trained", run_dir / "eval_trained.json")
+        trained = evaluate_heldout(prep, _eval_sampler(cfg, rollouts, policy, tok), "trained", run_dir / "eval_trained.json")
         comparison = compare(base, trained)
         _print_comparison(comparison)
         result["comparison"] = comparison
     report = write_report(run_dir, read_metrics(run_dir), comparison, f"longhaul run {cfg.name}")
     console.print(f"report: {report}")
     return result
+
+
+def _eval_sampler(cfg: RunConfig, rollouts, policy, tok):
+    """What evaluation samples with, in this process: the inline worker's sampler, else one of its own."""
+    return (lambda: rollouts.sampler) if hasattr(rollouts, "sampler") else (lambda: make_sampler(cfg, policy, tok))
+
+
+def _evaluate_base(cfg: RunConfig, prep, rollouts, policy, tok, ckpt, run_dir: Path):
+    """The base weights' held-out result (None without eval.before_after). A resumed run normally
+    finds it on disk; if not, the base weights are reloaded."""
+    if not cfg.eval.before_after:
+        return None
+    base_model = _eval_sampler(cfg, rollouts, policy, tok) if ckpt is None else (lambda: make_sampler(cfg, load_policy(cfg.model.name)[0], tok))
+    return evaluate_heldout(prep, base_model, "base", run_dir / "eval_base.json")
 
 
 def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir: Path, log: MetricsLog, start: int,

@@ -62,8 +62,10 @@ def _strategy(cfg):
 def _follower(cfg_json: str, rank: int, world: int, init: str, ckpt: str | None, threads: int | None) -> None:
     from longhaul.config import RunConfig
     from longhaul.malloc import keep_freed_memory
+    from longhaul.runtime.notice import leave_to_the_parent
 
     keep_freed_memory()
+    leave_to_the_parent()
     if threads:
         torch.set_num_threads(threads)
     cfg = RunConfig.model_validate_json(cfg_json)
