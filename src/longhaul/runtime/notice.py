@@ -73,7 +73,14 @@ class StopNotice:
         self.received = self.received or signal.Signals(signum).name
         signal.signal(signum, signal.SIG_DFL)  # a second one stops the process at once
 
-    def stop(self, step: int, steps: int, checkpoint) -> StopRequested:
-        """The error that ends a run told to stop, after `step` of `steps`, saved to `checkpoint`."""
-        return StopRequested(f"{self.received} received: stopped after step {step} of {steps} with its checkpoint at "
-                             f"{checkpoint}; run the same `longhaul train` command with --resume to continue from there")
+    def checkpoint_due(self, step: int, steps: int, every: int) -> bool:
+        """Whether the loop saves after `step` of `steps`: the last one, every `every` (0: never), or told to stop."""
+        return step == steps or bool(self.received) or bool(every and step % every == 0)
+
+    def end_if_told(self, step: int, steps: int, checkpoint, log) -> None:
+        """After the checkpoint of `step` is saved: a run told to stop (and not at its end) closes
+        `log` and ends with `StopRequested`."""
+        if self.received and step < steps:
+            log.close()
+            raise StopRequested(f"{self.received} received: stopped after step {step} of {steps} with its checkpoint at "
+                                f"{checkpoint}; run the same `longhaul train` command with --resume to continue from there")

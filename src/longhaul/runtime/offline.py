@@ -191,12 +191,10 @@ def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
             info = "  ".join(f"{k} {v:.4g}" for k, v in m.items() if k in ("loss", "accuracy", "rewards/accuracies", "heldout/loss",
                                                                               "heldout/accuracy", "heldout/divergence"))
             prog.update(bar, advance=1, info=info)
-            if last or notice.received or (t.save_every and step % t.save_every == 0):
+            if notice.checkpoint_due(step, t.steps, t.save_every):
                 saved = save_checkpoint(run_dir / "checkpoints", step, built.model, tok,
                                         {**trainer.state_dict(), "data_position": step * B}, t.keep_last, extra=built.save_extra)
-                if notice.received and not last:
-                    log.close()
-                    raise notice.stop(step, t.steps, saved)
+                notice.end_if_told(step, t.steps, saved, log)
     log.close()
     metrics = read_metrics(run_dir)
     result = {"run_dir": str(run_dir), "steps": t.steps}

@@ -333,15 +333,12 @@ def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir:
             for warning in _stability_warnings(metrics, cfg):
                 prog.console.print(f"[yellow]warning:[/] {warning}")
             prog.update(bar, advance=1, info=info)
-            last = step == cfg.train.steps
-            if last or notice.received or (cfg.train.save_every and step % cfg.train.save_every == 0):
+            if notice.checkpoint_due(step, cfg.train.steps, cfg.train.save_every):
                 tasks = ctl.checkpoint_state()
                 saved = save_checkpoint(run_dir / "checkpoints", step, policy, tok,
                                         {**trainer.state_dict(), **tasks, "data_position": tasks["tasks"].get("cursor")},
                                         cfg.train.keep_last)
-                if notice.received and not last:
-                    log.close()
-                    raise notice.stop(step, cfg.train.steps, saved)
+                notice.end_if_told(step, cfg.train.steps, saved, log)
 
 
 def _stability_warnings(m: dict, cfg: RunConfig) -> list[str]:
