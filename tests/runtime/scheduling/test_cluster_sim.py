@@ -116,3 +116,14 @@ def test_two_backlogged_domains_at_1_to_3_converge_to_their_weights():
     share = used["a"] / sum(used.values())
     assert abs(share - 0.25) <= 0.03, f"weight-1 domain got {share:.3f} of the GPUs, want 0.25 +- 0.03"
     assert r["fairness_error"] <= 0.05
+
+
+def test_capped_fairness_counts_a_wait_at_most_the_jobs_work():
+    # a holds the node for an hour; b's 5-minute job waits that hour behind it (FIFO)
+    jobs = [_sim_job("a", 0.0, 3600.0, domain="a"), _sim_job("b", 0.0, 300.0, domain="b")]
+    r = simulate([Node("n", NODE, "r")], [_domain("a"), _domain("b")], jobs, PRESETS["fifo"], 0.0, 6 * 3600.0, tick_s=10.0)
+    assert r["delay_quantiles_s"][100] == pytest.approx(3600.0)
+    # uncapped: b demands 300 used + 3600 waited, equal weights split the 3900 used 1950 / 1950
+    assert r["fairness_error"] == pytest.approx((3600 - 1950 + 1950 - 300) / 3900)
+    # capped: b's wait counts 300 s (its work), so it is below the line: entitled to 600, a to 3300
+    assert r["fairness_error_capped"] == pytest.approx((3600 - 3300 + 600 - 300) / 3900)

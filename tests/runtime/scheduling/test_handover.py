@@ -200,3 +200,22 @@ def test_a_head_claims_the_room_of_a_victim_that_saved_before_the_others():
     assert p.c.holdings["urgent"] == [(0, (0, 0, 4))] and p.c.free[0][2] == 0
     assert _what(p.schedule(180.0)) == [("preempt", "slow"), ("start", "urgent")]
     p.c.check()
+
+
+@pytest.mark.parametrize("notice", [True, False])
+def test_only_kills_count_against_max_preemptions(notice):
+    # a told victim keeps its work, so telling it does not use up its `max_preemptions`; killing it does
+    p = _placer(notice=notice, max_preemptions=1)
+    p.submit(_job("train", 8, notice_save_s=50.0, checkpoint_every_s=1800.0), 0.0)
+    p.schedule(0.0)
+    p.submit(_job("urgent0", 8, priority=1, at=100.0), 100.0)
+    first = _what(p.schedule(100.0))
+    assert first == ([("notice", "train")] if notice else [("preempt", "train"), ("start", "urgent0")])
+    if notice:
+        assert _what(p.schedule(150.0)) == [("preempt", "train"), ("start", "urgent0")]  # saved: handed over
+    p.release("urgent0", 160.0)
+    assert _what(p.schedule(160.0)) == [("start", "train")]
+    p.submit(_job("urgent1", 8, priority=1, at=400.0), 400.0)
+    second = _what(p.schedule(400.0))
+    assert second == ([("notice", "train")] if notice else [])  # killed once: no longer evictable
+    assert p.evictions["train"] == (2 if notice else 1) and p.kills["train"] == (0 if notice else 1)

@@ -366,3 +366,18 @@ def test_entitled_preemption_takes_only_from_domains_over_their_entitlement():
     assert p.entitled.under("b") and p.entitled.under("c") and not p.entitled.under("a")
     log = _two_under_one_over(100.0, entitled_preempt=True).schedule(150.0)
     assert _started(log)[0] == "c0" and all(v.startswith("a") for v in _preempted(log))  # a's jobs saved 50 s ago too
+
+
+@pytest.mark.parametrize("keeps_progress", [False, True])
+def test_fair_share_victims_that_keep_progress_have_saved_since_they_started(keeps_progress):
+    p = Placer(Cluster([Node("n", NODE, "r")]),
+               PlacerConfig(usage_half_life_s=None, fair_preempt_after_s=0, fair_preempt_max_loss_s=None, reserve_after_s=None,
+                            fair_preempt_keeps_progress=keeps_progress), {"a": 1.0, "b": 1.0})
+    for k in range(2):  # a holds the whole node; they save every 300 s of work
+        p.submit(_job(f"a{k}", 4, domain="a", checkpoint_every_s=300.0), 0.0)
+    p.schedule(0.0)
+    p.submit(_job("b0", 4, domain="b", at=100.0), 100.0)
+    early = _preempted(p.schedule(100.0))
+    assert early == ([] if keeps_progress else ["a0"])  # at 100 s neither has saved: evicting one would throw its run away
+    if keeps_progress:
+        assert _preempted(p.schedule(310.0)) == ["a0"] and "b0" in p.running  # saved at 300: it keeps that work

@@ -56,6 +56,10 @@ class Handover:
             return now - run.started
         return (work % every) * run.pace
 
+    def _saved_since_start(self, run: Running, now: float) -> bool:
+        every = run.job.checkpoint_every_s
+        return bool(every) and max(0.0, now - self._begun(run)) / run.pace >= every
+
     @staticmethod
     def _begun(run: Running) -> float:
         return run.started if run.working_from is None else run.working_from

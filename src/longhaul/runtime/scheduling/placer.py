@@ -94,8 +94,9 @@ class PlacerConfig(Section):
     usage_lookahead_s: float = Field(600.0, ge=0)  # a job counts as this much use the moment it starts (no burst of one domain in one pass)
     fair_preempt_after_s: float | None = Field(None, ge=0)  # a head waiting this long may evict jobs of over-share domains of its own priority; None: never
     fair_preempt_max_loss_s: float | None = Field(None, ge=0)  # fair-share victims have at most this much unsaved work (they saved recently); None: any
+    fair_preempt_keeps_progress: bool = False  # fair-share victims keep work of their run: told, or saved since they started (no job evicted without getting on)
     fair_preempt_max_save_s: float | None = Field(None, ge=0)  # ... but victims told to save (handover.py) only a save at most this long; None: as above
-    max_preemptions: int | None = Field(2, ge=0)  # a job evicted this often is not evicted again (no job starves restarting); None: no cap
+    max_preemptions: int | None = Field(2, ge=0)  # a job killed this often is not evicted again (no job starves restarting; told victims keep their work and do not count); None: no cap
     age_after_s: float | None = Field(None, gt=0)  # a job waiting this long is ordered one priority higher (never for pre-emption); None: off (aging overrides the weights)
     domain_scan: int = Field(4, ge=1)  # jobs of one domain tried behind its blocked head
     hold_for_first: bool = False  # a blocked head of the domain served first keeps its GPUs free from jobs ranked after it for the pass (non-work-conserving)
@@ -111,13 +112,14 @@ class PlacerConfig(Section):
 
 
 PRESETS = {
-    # the fair order alone leaks to jobs that fit behind blocked under-share heads; strict priorities starve priority 0 in
-    # peaks; fair-share victims only just after they saved (lost work 14,694 -> 3,549 GPU-h at full scale); a domain's small
-    # jobs before its gangs, and a 10% floor, bring the p99 below FIFO's (docs/scheduling.md has the figures); node holds with
-    # EASY backfill (hold_nodes=16, easy_backfill) took fairness 0.130 -> 0.119 but the p99 to 374 min, above FIFO's 352: off;
-    # notice (told training runs save): lost GPU-h 3,771 -> 1,577, fairness 0.114 -> 0.120 (seed 1: 0.122 -> 0.110, still under FIFO): off
-    "longhaul": PlacerConfig(fair_preempt_after_s=300.0, fair_preempt_max_loss_s=60.0, hold_for_first=True, min_class_share=0.10,
-                             queue_order="smallest"),
+    # strict priorities starve priority 0 in peaks: a 10% class floor; a domain's small jobs before its gangs; a blocked
+    # fair-first gang keeps its GPUs for the pass. Fair share: heads of domains under their estimated entitlement evict
+    # jobs of domains over theirs at once; training runs are told and save, other victims must have saved since they
+    # started, and only kills count against max_preemptions (none here: a cap made evicted jobs immune and the error rose
+    # 0.085 -> 0.101). Full run (docs/scheduling.md): fairness 0.130 -> 0.089, p99 339 -> 158 min (FIFO 352)
+    "longhaul": PlacerConfig(fair_preempt_after_s=0.0, entitled_preempt=True, fair_preempt_keeps_progress=True, notice=True,
+                             max_preemptions=None, preempt_tries=64, usage_half_life_s=5400.0, hold_for_first=True,
+                             min_class_share=0.10, queue_order="smallest"),
     "fifo": PlacerConfig(order="fifo", policy="first_fit", backfill=False, preempt=False, reserve_after_s=None),
     "fifo_backfill": PlacerConfig(order="fifo", policy="first_fit", backfill=True, preempt=False, reserve_after_s=None),
 }
@@ -157,6 +159,7 @@ class Placer(Preemption, Holds, Handover):
         self.node_reserved: dict[int, str] = {}
         self.preemptions = 0
         self.evictions: dict[str, int] = defaultdict(int)  # job id -> times pre-empted
+        self.kills: dict[str, int] = defaultdict(int)  # job id -> times pre-empted without notice (work since its last save lost)
         self.held_by_priority: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # pre-emptible holdings
         self._failed: set = set()  # shapes that did not fit since resources last came back (free only shrinks meanwhile)
         self._held: dict[int, float] = {}  # node held this pass for a blocked head -> until when others may use it (`hold_nodes`)
@@ -227,7 +230,7 @@ class Placer(Preemption, Holds, Handover):
 
     def _evictable(self, job: Job) -> bool:
         cap = self.cfg.max_preemptions
-        return job.preemptible and (cap is None or self.evictions[job.id] < cap)
+        return job.preemptible and (cap is None or self.kills[job.id] < cap)
 
     def charge(self, job: Job) -> float:
         """What a running job counts against its domain's weight: its fraction of the GPUs (or,
@@ -292,6 +295,8 @@ class Placer(Preemption, Holds, Handover):
         self.clock = now
         self._preempt_left = self.cfg.preempt_tries
         self._held, self._held_until, self._failed_held = {}, [], set()
+        # who may be a fair-share victim changes with time too (saves, entitlements), not only with resources
+        self._failed_preempt = {k for k in self._failed_preempt if k[0] == "priority"}
         if self._entitling:
             self.entitled.update(self.usage, now)
         self._hand_over(now, log)

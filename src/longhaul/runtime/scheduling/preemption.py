@@ -8,8 +8,9 @@ fit: victims are taken node by node, lowest priority first, then the least work 
 dominant share x time since they last saved, per `Job.checkpoint_every_s`), until the job's
 units fit, never taking a victim whose class would fall below its `min_class_share`. Victims
 go back to the head of their queue (a victim that saves on notice, once it has saved:
-handover.py). A job evicted `max_preemptions` times is not evicted again,
-so no job starves restarting; at most `preempt_tries` searches run a pass.
+handover.py). A job killed `max_preemptions` times is not evicted again, so no job starves
+restarting (a victim told to save keeps its work: telling it does not count); at most
+`preempt_tries` searches run a pass.
 
 Fair-share pre-emption (`fair_preempt_after_s`): a head that has waited that long may also
 evict jobs of its own priority from domains whose level per weight is above the one its domain
@@ -72,9 +73,13 @@ class Preemption:
 
     def _cheap(self, r: Running, now: float) -> bool:
         """Whether `r` loses little enough to be a fair-share victim: a save of at most
-        `fair_preempt_max_save_s` if it is told (handover.py), else at most `fair_preempt_max_loss_s` unsaved."""
+        `fair_preempt_max_save_s` if it is told (handover.py), else at most `fair_preempt_max_loss_s`
+        unsaved; with `fair_preempt_keeps_progress`, only if it keeps work of this run (told, or
+        saved since it started), so a job evicted again and again still gets on."""
         cfg = self.cfg
         told = self._told(r, now)
+        if cfg.fair_preempt_keeps_progress and not told and not self._saved_since_start(r, now):
+            return False
         cap = cfg.fair_preempt_max_save_s if told and cfg.fair_preempt_max_save_s is not None else cfg.fair_preempt_max_loss_s
         return cap is None or (r.job.notice_save_s if told else self._cadence_loss_s(r, now)) <= cap
 
@@ -115,6 +120,7 @@ class Preemption:
                 log.append(("preempt", victim))
             self.preemptions += 1
             self.evictions[victim.job.id] += 1
+            self.kills[victim.job.id] += not any(v is victim for v in told)
         if told:
             self._tell(told, job, nodes, now, log)
         else:
