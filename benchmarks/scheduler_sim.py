@@ -90,14 +90,14 @@ def goal(results: dict, baseline: str = "fifo") -> dict:
 def print_table(results: dict) -> None:
     t = Table(title="placement policies on the simulated cluster (measured window)")
     for col in ("policy", "GPU util", "CPU util", "goodput", "p50 delay", "p90", "p99", "p99 by priority", "fairness 6h", "fairness 1h",
-                "capped 6h", "pre-empt", "GPU-h lost", "most evictions", "waiting at end", "wall s"):
+                "capped 6h", "pre-empt", "GPU-h lost", "most evictions (kills) of a job", "waiting at end", "wall s"):
         t.add_column(col, justify="right")
     for name, r in results.items():
         t.add_row(escape(name), f"{100 * r['gpu_utilisation']:.1f}%", f"{100 * r['cpu_utilisation']:.1f}%", f"{100 * r['gpu_goodput']:.1f}%",
                   _minutes(r["delay_p50_s"]), _minutes(r["delay_p90_s"]), _minutes(r["delay_p99_s"]),
                   " / ".join(f"{v / 60:.0f}" for v in r["delay_p99_by_priority_s"].values()), f"{r['fairness_error']:.3f}",
                   f"{r['fairness_error_1h']:.3f}", f"{r['fairness_error_capped']:.3f}", str(r["preemptions"]),
-                  f"{r['preempted_gpu_hours_lost']:.0f}", str(r["evictions_most_of_one_job"]), str(r["jobs_waiting_at_end"]), f"{r['wall_s']:.0f}")
+                  f"{r['preempted_gpu_hours_lost']:.0f}", f"{r['evictions_most_of_one_job']} ({r['kills_most_of_one_job']})", str(r["jobs_waiting_at_end"]), f"{r['wall_s']:.0f}")
     Console(width=max(console.width, 190), highlight=False).print(t)
 
 

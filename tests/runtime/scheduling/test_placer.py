@@ -32,7 +32,8 @@ def _preempted(log) -> list[str]:
 
 units_st = st.tuples(st.floats(0, 12).map(lambda x: round(x, 3)), st.integers(0, 48), st.integers(0, 8))
 job_st = st.tuples(st.lists(units_st, min_size=1, max_size=4), st.integers(0, 2), st.floats(0, 200), st.booleans(),
-                   st.sampled_from([None, 0.0, 40.0, 500.0]))  # the last: its save on notice (handover.py)
+                   st.sampled_from([None, 0.0, 40.0, 500.0]),  # its save on notice (handover.py)
+                   st.sampled_from([None, 30.0, 300.0]))  # how often it saves (victims that keep progress)
 op_st = st.one_of(st.tuples(st.just("submit"), job_st), st.tuples(st.just("release"), st.integers(0, 10**6)),
                   st.tuples(st.just("tick"), st.floats(0, 400)))
 
@@ -40,20 +41,21 @@ op_st = st.one_of(st.tuples(st.just("submit"), job_st), st.tuples(st.just("relea
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(caps=st.lists(st.tuples(st.integers(1, 32), st.integers(8, 128), st.integers(0, 8), st.integers(0, 2)), min_size=1, max_size=6),
        ops=st.lists(op_st, min_size=1, max_size=60), preset=st.sampled_from(sorted(PRESETS)),
-       reserve=st.sampled_from([None, 0.0, 100.0]), holds=st.sampled_from([(0, False, False), (2, False, False), (2, True, False), (2, True, True)]))
-def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds):
+       reserve=st.sampled_from([None, 0.0, 100.0]), holds=st.sampled_from([(0, False, False), (2, False, False), (2, True, False), (2, True, True)]),
+       entitled=st.booleans())
+def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds, entitled):
     nodes = [Node(f"n{i}", Resources(c, m, g), f"rack{r}") for i, (c, m, g, r) in enumerate(caps)]
     cfg = PRESETS[preset].model_copy(update={"reserve_after_s": reserve, "preempt_after_s": 30.0, "hold_nodes": holds[0],
-                                             "easy_backfill": holds[1], "entitled_holds": holds[2], "entitled_preempt": holds[2],
+                                             "easy_backfill": holds[1], "entitled_holds": holds[2], "entitled_preempt": entitled,
                                              "notice": True}
                                        if preset == "longhaul" else {})
     placer = Placer(Cluster(nodes), cfg, {"d0": 1.0, "d1": 3.0})
     now, n = 0.0, 0
     for op, arg in ops:
         if op == "submit":
-            units, prio, ckpt, preemptible, notice = arg
+            units, prio, ckpt, preemptible, notice, every = arg
             job = Job(f"j{n}", f"d{n % 2}", tuple(WorkUnit("w", Resources(*u)) for u in units), prio, ckpt, f"c{n % 3}", preemptible, now,
-                      notice_save_s=notice)
+                      checkpoint_every_s=every, notice_save_s=notice)
             placer.submit(job, now)
             n += 1
         elif op == "release" and placer.running:
@@ -370,9 +372,10 @@ def test_entitled_preemption_takes_only_from_domains_over_their_entitlement():
 
 @pytest.mark.parametrize("keeps_progress", [False, True])
 def test_fair_share_victims_that_keep_progress_have_saved_since_they_started(keeps_progress):
+    # (the 310 s pass finds the victim only because share-mode failures are forgotten each pass)
     p = Placer(Cluster([Node("n", NODE, "r")]),
                PlacerConfig(usage_half_life_s=None, fair_preempt_after_s=0, fair_preempt_max_loss_s=None, reserve_after_s=None,
-                            fair_preempt_keeps_progress=keeps_progress), {"a": 1.0, "b": 1.0})
+                            preempt_keeps_progress=keeps_progress), {"a": 1.0, "b": 1.0})
     for k in range(2):  # a holds the whole node; they save every 300 s of work
         p.submit(_job(f"a{k}", 4, domain="a", checkpoint_every_s=300.0), 0.0)
     p.schedule(0.0)
@@ -381,3 +384,38 @@ def test_fair_share_victims_that_keep_progress_have_saved_since_they_started(kee
     assert early == ([] if keeps_progress else ["a0"])  # at 100 s neither has saved: evicting one would throw its run away
     if keeps_progress:
         assert _preempted(p.schedule(310.0)) == ["a0"] and "b0" in p.running  # saved at 300: it keeps that work
+
+
+def test_a_job_killed_before_is_killed_again_only_after_it_saved():
+    # with `preempt_keeps_progress` (no cap), one low-priority job is not killed again and again just after it restarts
+    p = _placer(nodes=2, preempt_after_s=0, max_preemptions=None, preempt_keeps_progress=True, reserve_after_s=None)
+    for k in range(2):
+        p.submit(_job(f"lo{k}", 8, domain="lo", checkpoint_every_s=300.0), 0.0)
+    started, kills, hi_start = {}, [], {}
+    for t in range(0, 2000, 10):
+        if t and t % 100 == 0 and t <= 600:  # a high-priority job every 100 s, each running 10 s
+            p.submit(_job(f"hi{t}", 8, domain="hi", priority=1, at=t), t)
+        for jid in [j for j, at in hi_start.items() if j in p.running and t - at >= 10]:
+            p.release(jid, t)
+        for what, run in p.schedule(float(t)):
+            if what == "start":
+                (hi_start if run.job.domain == "hi" else started)[run.job.id] = t
+            else:
+                kills.append((run.job.id, t, t - started[run.job.id]))
+    assert [k[0] for k in kills][:2] == ["lo0", "lo1"] and len(kills) > 2 and set(hi_start) == {f"hi{t}" for t in range(100, 700, 100)}
+    seen = set()
+    for jid, t, ran in kills:
+        assert jid not in seen or ran >= 300, f"{jid} killed again at {t} s after running only {ran} s since its restart"
+        seen.add(jid)
+    assert hi_start["hi300"] > 300  # at 300 both had been killed and neither had saved since: hi300 waited
+
+
+def test_a_head_that_may_evict_its_peers_evicts_lower_priorities_first():
+    p = Placer(Cluster([Node(f"n{i}", NODE, "r") for i in range(2)]),
+               PlacerConfig(usage_half_life_s=None, preempt_after_s=60, fair_preempt_after_s=0, fair_preempt_max_loss_s=None,
+                            reserve_after_s=None), {"lo": 1.0, "x": 1.0, "y": 1.0})
+    p.submit(_job("lo0", 8, domain="lo", priority=0), 0.0)
+    p.submit(_job("x0", 8, domain="x", priority=1), 0.0)
+    p.schedule(0.0)
+    p.submit(_job("y0", 8, domain="y", priority=1, at=10.0), 10.0)  # y holds nothing: x is over its share
+    assert _preempted(p.schedule(10.0)) == ["lo0"]  # not its peer x0, though its own grace for lower priorities is 60 s

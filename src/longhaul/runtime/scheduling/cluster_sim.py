@@ -285,6 +285,7 @@ class Simulation:
         ledger = self.ledgers[measure]
         for d in list(ledger.held):
             ledger.advance(d, self.end)
+        assert not capped or measure == "gpu", "the capped demand is in GPU shares"
         wanted_by_hour = self._capped_wanted() if capped else ledger.wanted
         weight = {d.name: d.weight for d in self.domains}
         prio = {d.name: d.priority for d in self.domains}
@@ -338,6 +339,7 @@ class Simulation:
                 "gpu_utilisation_hourly": [self.gpu_hourly.get(h, 0.0) for h in hours],
                 "preemptions": self.preemptions, "preempted_gpu_hours_lost": self.lost_gpu_s / HOUR,
                 "evictions_most_of_one_job": max(self.placer.evictions.values(), default=0),
+                "kills_most_of_one_job": max(self.placer.kills.values(), default=0),
                 "jobs_evicted_3_times_or_more": sum(n >= 3 for n in self.placer.evictions.values()), "jobs_in_window": len(delays),
                 "jobs_finished": self.finished, "jobs_waiting_at_end": self.placer.queued() + len(self.placer.stopping)}
 

@@ -94,7 +94,7 @@ class PlacerConfig(Section):
     usage_lookahead_s: float = Field(600.0, ge=0)  # a job counts as this much use the moment it starts (no burst of one domain in one pass)
     fair_preempt_after_s: float | None = Field(None, ge=0)  # a head waiting this long may evict jobs of over-share domains of its own priority; None: never
     fair_preempt_max_loss_s: float | None = Field(None, ge=0)  # fair-share victims have at most this much unsaved work (they saved recently); None: any
-    fair_preempt_keeps_progress: bool = False  # fair-share victims keep work of their run: told, or saved since they started (no job evicted without getting on)
+    preempt_keeps_progress: bool = False  # fair-share victims, and priority victims killed before, keep work of their run: told, or saved since they started (no job evicted without getting on, no cap)
     fair_preempt_max_save_s: float | None = Field(None, ge=0)  # ... but victims told to save (handover.py) only a save at most this long; None: as above
     max_preemptions: int | None = Field(2, ge=0)  # a job killed this often is not evicted again (no job starves restarting; told victims keep their work and do not count); None: no cap
     age_after_s: float | None = Field(None, gt=0)  # a job waiting this long is ordered one priority higher (never for pre-emption); None: off (aging overrides the weights)
@@ -115,9 +115,9 @@ PRESETS = {
     # strict priorities starve priority 0 in peaks: a 10% class floor; a domain's small jobs before its gangs; a blocked
     # fair-first gang keeps its GPUs for the pass. Fair share: heads of domains under their estimated entitlement evict
     # jobs of domains over theirs at once; training runs are told and save, other victims must have saved since they
-    # started, and only kills count against max_preemptions (none here: a cap made evicted jobs immune and the error rose
-    # 0.085 -> 0.101). Full run (docs/scheduling.md): fairness 0.130 -> 0.089, p99 339 -> 158 min (FIFO 352)
-    "longhaul": PlacerConfig(fair_preempt_after_s=0.0, entitled_preempt=True, fair_preempt_keeps_progress=True, notice=True,
+    # (re)started, and only kills count against max_preemptions (none here: a cap made evicted jobs immune and the error rose
+    # 0.085 -> 0.101). Full run (docs/scheduling.md): fairness 0.130 -> 0.089, p99 339 -> 138 min (FIFO 352)
+    "longhaul": PlacerConfig(fair_preempt_after_s=0.0, entitled_preempt=True, preempt_keeps_progress=True, notice=True,
                              max_preemptions=None, preempt_tries=64, usage_half_life_s=5400.0, hold_for_first=True,
                              min_class_share=0.10, queue_order="smallest"),
     "fifo": PlacerConfig(order="fifo", policy="first_fit", backfill=False, preempt=False, reserve_after_s=None),
@@ -230,7 +230,7 @@ class Placer(Preemption, Holds, Handover):
 
     def _evictable(self, job: Job) -> bool:
         cap = self.cfg.max_preemptions
-        return job.preemptible and (cap is None or self.kills[job.id] < cap)
+        return job.preemptible and (cap is None or self.kills.get(job.id, 0) < cap)
 
     def charge(self, job: Job) -> float:
         """What a running job counts against its domain's weight: its fraction of the GPUs (or,
@@ -295,8 +295,10 @@ class Placer(Preemption, Holds, Handover):
         self.clock = now
         self._preempt_left = self.cfg.preempt_tries
         self._held, self._held_until, self._failed_held = {}, [], set()
-        # who may be a fair-share victim changes with time too (saves, entitlements), not only with resources
-        self._failed_preempt = {k for k in self._failed_preempt if k[0] == "priority"}
+        # who may be a victim changes with time too (saves, entitlements), not only with resources
+        self._failed_preempt = {k for k in self._failed_preempt if k[0] == "priority" and not self.cfg.preempt_keeps_progress}
+        if self.cfg.preempt_keeps_progress:
+            self._bonus.clear()
         if self._entitling:
             self.entitled.update(self.usage, now)
         self._hand_over(now, log)

@@ -9,8 +9,9 @@ dominant share x time since they last saved, per `Job.checkpoint_every_s`), unti
 units fit, never taking a victim whose class would fall below its `min_class_share`. Victims
 go back to the head of their queue (a victim that saves on notice, once it has saved:
 handover.py). A job killed `max_preemptions` times is not evicted again, so no job starves
-restarting (a victim told to save keeps its work: telling it does not count); at most
-`preempt_tries` searches run a pass.
+restarting (a victim told to save keeps its work: telling it does not count); with
+`preempt_keeps_progress` instead, a job killed before is a victim again only once it saved
+since it restarted (no cap, no immune jobs). At most `preempt_tries` searches run a pass.
 
 Fair-share pre-emption (`fair_preempt_after_s`): a head that has waited that long may also
 evict jobs of its own priority from domains whose level per weight is above the one its domain
@@ -51,12 +52,18 @@ class Preemption:
         total = tuple(sum(b[k] for b in bonus.values()) for k in range(3))
         return runs, bonus, (view.rack_max, view.rack_free), total
 
-    def _victims(self, priority: int) -> tuple:
-        """Running evictable jobs of priorities below `priority` (cached until resources change)."""
+    def _victims(self, priority: int, now: float) -> tuple:
+        """Running evictable jobs of priorities below `priority` (cached until resources change,
+        or for the pass with `preempt_keeps_progress`)."""
         if priority not in self._bonus:
             self._bonus[priority] = self._candidates(
-                {jid: r for p, runs in self.by_priority.items() if preempts(priority, p) for jid, r in runs.items()})
+                {jid: r for p, runs in self.by_priority.items() if preempts(priority, p) for jid, r in runs.items()
+                 if self._may_kill_again(r, now)})
         return self._bonus[priority]
+
+    def _may_kill_again(self, r: Running, now: float) -> bool:
+        """With `preempt_keeps_progress`, a job killed before is a victim again only once it got on."""
+        return not (self.cfg.preempt_keeps_progress and self.kills.get(r.job.id) and not self._keeps_progress(r, now))
 
     def _over_share(self, job: Job, now: float) -> tuple:
         """Running evictable jobs of `job`'s priority whose domains stand above the level
@@ -74,26 +81,31 @@ class Preemption:
     def _cheap(self, r: Running, now: float) -> bool:
         """Whether `r` loses little enough to be a fair-share victim: a save of at most
         `fair_preempt_max_save_s` if it is told (handover.py), else at most `fair_preempt_max_loss_s`
-        unsaved; with `fair_preempt_keeps_progress`, only if it keeps work of this run (told, or
-        saved since it started), so a job evicted again and again still gets on."""
+        unsaved; with `preempt_keeps_progress`, only if it keeps work of this run (`_keeps_progress`)."""
         cfg = self.cfg
         told = self._told(r, now)
-        if cfg.fair_preempt_keeps_progress and not told and not self._saved_since_start(r, now):
+        if cfg.preempt_keeps_progress and not self._keeps_progress(r, now):
             return False
         cap = cfg.fair_preempt_max_save_s if told and cfg.fair_preempt_max_save_s is not None else cfg.fair_preempt_max_loss_s
         return cap is None or (r.job.notice_save_s if told else self._cadence_loss_s(r, now)) <= cap
 
+    def _keeps_progress(self, r: Running, now: float) -> bool:
+        """Whether evicting `r` keeps work of its run: it is told (it saves), or it saved since it
+        started. A job evicted again and again under this rule still gets on."""
+        return self._told(r, now) or self._saved_since_start(r, now)
+
     def _preempt_for(self, job: Job, now: float, log: list) -> bool:
         """Evict for `job`: strictly lower priorities after `preempt_after_s`; with
-        `fair_preempt_after_s`, over-share domains of its own priority after that long."""
+        `fair_preempt_after_s`, over-share domains of its own priority after that long (a head
+        that may evict its peers may evict lower priorities too, and tries them first)."""
         cfg, waited = self.cfg, now - self.waiting_since[job.id]
         if self._preempt_left <= 0:
             return False
-        if waited >= cfg.preempt_after_s and self._evict_for(job, now, log, "priority"):
+        share = (cfg.fair_preempt_after_s is not None and waited >= cfg.fair_preempt_after_s
+                 and not (cfg.entitled_preempt and not self.entitled.under(job.domain)))
+        if (waited >= cfg.preempt_after_s or share) and self._evict_for(job, now, log, "priority"):
             return True
-        if cfg.entitled_preempt and not self.entitled.under(job.domain):
-            return False
-        return cfg.fair_preempt_after_s is not None and waited >= cfg.fair_preempt_after_s and self._evict_for(job, now, log, "share")
+        return share and self._evict_for(job, now, log, "share")
 
     def _evict_for(self, job: Job, now: float, log: list, mode: str) -> bool:
         c = self.c
@@ -102,7 +114,7 @@ class Preemption:
         own = self.reserved.get(job.id, set())
         if key in self._failed_preempt and not own:
             return False
-        runs, bonus, summaries, total = self._victims(job.priority) if mode == "priority" else self._over_share(job, now)
+        runs, bonus, summaries, total = self._victims(job.priority, now) if mode == "priority" else self._over_share(job, now)
         nodes = None
         if runs and all(t <= f + e for t, f, e in zip(job.total, c.free_total, total)):
             self._preempt_left -= 1
