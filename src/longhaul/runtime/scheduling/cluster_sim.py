@@ -73,6 +73,15 @@ def entitlement(capacity: float, demand: dict[str, float], weight: dict[str, flo
     return out
 
 
+def _hours(a: float, b: float):
+    """(hour, seconds) of the interval [a, b) in each clock hour it touches."""
+    t = a
+    while t < b:
+        end = min(b, (int(t // HOUR) + 1) * HOUR)
+        yield int(t // HOUR), end - t
+        t = end
+
+
 @dataclass
 class _Ledger:
     """Per-domain integrals of one share measure (held x time, queued x time), split into hours."""
@@ -83,14 +92,11 @@ class _Ledger:
     wanted: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))  # hour -> domain -> share-seconds
 
     def advance(self, d: str, now: float) -> None:
-        t = self.since.get(d, now)
         h, q = self.held[d], self.queued[d]
-        while t < now and (h > 0 or q > 0):
-            hour = int(t // HOUR)
-            end = min(now, (hour + 1) * HOUR)
-            self.used[hour][d] += h * (end - t)
-            self.wanted[hour][d] += q * (end - t)
-            t = end
+        if h > 0 or q > 0:
+            for hour, dt in _hours(self.since.get(d, now), now):
+                self.used[hour][d] += h * dt
+                self.wanted[hour][d] += q * dt
         self.since[d] = now
 
     def change(self, d: str, now: float, held: float = 0.0, queued: float = 0.0) -> None:
@@ -143,11 +149,8 @@ class Simulation:
             cpu, _, gpu = self.cluster.used_fraction()
             self.gpu_alloc_s += gpu * dt
             self.cpu_alloc_s += cpu * dt
-            t = max(self.clock, self.warmup)
-            while t < min(now, self.end):
-                end = min(now, self.end, (int(t // HOUR) + 1) * HOUR)
-                self.gpu_hourly[int(t // HOUR)] += gpu * (end - t) / HOUR
-                t = end
+            for hour, s in _hours(max(self.clock, self.warmup), min(now, self.end)):
+                self.gpu_hourly[hour] += gpu * s / HOUR
         self.clock = now
 
     def _shares(self, job) -> dict:
@@ -158,13 +161,13 @@ class Simulation:
         load, slow = _load_s(run), _slowdown(run, self.cluster)
         self.started_at[jid] = (now, load, slow)
         run.working_from, run.pace = now + load, slow  # what the job reports: the placer reads its checkpoint times from them
-        queued_at = self.queued_since.pop(jid)
+        queued_at, shares = self.queued_since.pop(jid), self._shares(run.job)
         self.wait[jid] += now - queued_at
-        self.wait_spans.append((run.job.domain, self._shares(run.job)["gpu"], queued_at, now, self.remaining[jid]))
+        self.wait_spans.append((run.job.domain, shares["gpu"], queued_at, now, self.remaining[jid]))
         self.token[jid] = self.token.get(jid, 0) + 1
         self.seq += 1
         heapq.heappush(self.events, (now + load + self.remaining[jid] * slow, self.seq, jid, self.token[jid]))
-        for m, share in self._shares(run.job).items():
+        for m, share in shares.items():
             self.ledgers[m].change(run.job.domain, now, held=share, queued=-share)
 
     def _worked(self, jid: str, now: float) -> tuple[float, float]:
@@ -268,11 +271,8 @@ class Simulation:
         spans = self.wait_spans + [(self.jobs[j].job.domain, self._shares(self.jobs[j].job)["gpu"], t0, self.end, self.remaining[j])
                                    for j, t0 in self.queued_since.items()]
         for d, share, t0, t1, left in spans:
-            t, stop = t0, min(t1, t0 + left, self.end)
-            while t < stop:
-                end = min(stop, (int(t // HOUR) + 1) * HOUR)
-                wanted[int(t // HOUR)][d] += share * (end - t)
-                t = end
+            for hour, s in _hours(t0, min(t1, t0 + left, self.end)):
+                wanted[hour][d] += share * s
         return wanted
 
     def _fairness(self, hours: int, across_priorities: bool = False, measure: str = "gpu",

@@ -50,30 +50,33 @@ def per_node(nodes: list[int], needs: list[tuple[int, int, int]]) -> dict[int, l
 class Handover:
     def _cadence_loss_s(self, run: Running, now: float) -> float:
         """Wall seconds since `run` last saved at its cadence (or started: a load is lost too)."""
-        every, begun = run.job.checkpoint_every_s, self._begun(run)
-        work = max(0.0, now - begun) / run.pace
+        every, work = run.job.checkpoint_every_s, self._worked_s(run, now)
         if not every or work < every:
             return now - run.started
         return (work % every) * run.pace
 
     def _saved_since_start(self, run: Running, now: float) -> bool:
         every = run.job.checkpoint_every_s
-        return bool(every) and max(0.0, now - self._begun(run)) / run.pace >= every
+        return bool(every) and self._worked_s(run, now) >= every
+
+    def _worked_s(self, run: Running, now: float) -> float:
+        """Seconds of work `run` has done since it began working (after its load), at its pace."""
+        return max(0.0, now - self._begun(run)) / run.pace
 
     @staticmethod
     def _begun(run: Running) -> float:
         return run.started if run.working_from is None else run.working_from
 
-    def _told(self, run: Running, now: float) -> bool:
+    def _told(self, run: Running, now: float, loss: float | None = None) -> bool:
         """Whether evicting `run` now means telling it: it saves on notice, has begun working, and
-        the save loses less than killing it."""
+        the save loses less than killing it (`loss`: its `_cadence_loss_s`, if known)."""
         save = run.job.notice_save_s
         return (self.cfg.notice and save is not None and now > self._begun(run)
-                and save < self._cadence_loss_s(run, now))
+                and save < (self._cadence_loss_s(run, now) if loss is None else loss))
 
     def _tell(self, victims: list[Running], head: Job, nodes: list[int], now: float, log: list) -> None:
         """Tell `victims` to save and exit; `head` awaits them on `nodes`, claiming the rest of what it needs there."""
-        ready = now
+        ready, ids = now, [r.job.id for r in victims]
         for run in victims:
             jid = run.job.id
             del self.running[jid]
@@ -82,10 +85,10 @@ class Handover:
             self.stopping[jid] = (run, now + run.job.notice_save_s)
             ready = max(ready, now + run.job.notice_save_s)
             log.append(("notice", run))
-        self._claim(head, nodes, [r.job.id for r in victims])
+        self._claim(head, nodes, ids)
         for i in self.reserved.pop(head.id, ()):  # it has its nodes: its drained ones are open again
             self.node_reserved.pop(i, None)
-        self.awaiting[head.id] = (list(nodes), ready, [r.job.id for r in victims])
+        self.awaiting[head.id] = (list(nodes), ready, ids)
 
     def _claim(self, head: Job, nodes: list[int], saving: list[str]) -> None:
         """Take for `head` what its units need on `nodes` beyond what its `saving` victims hold

@@ -295,10 +295,13 @@ class Placer(Preemption, Holds, Handover):
         self.clock = now
         self._preempt_left = self.cfg.preempt_tries
         self._held, self._held_until, self._failed_held = {}, [], set()
-        # who may be a victim changes with time too (saves, entitlements), not only with resources
-        self._failed_preempt = {k for k in self._failed_preempt if k[0] == "priority" and not self.cfg.preempt_keeps_progress}
+        # who may be a victim changes with time too (saves, entitlements), not only with resources: fair-share victims
+        # always, and priority victims with `preempt_keeps_progress`
         if self.cfg.preempt_keeps_progress:
+            self._failed_preempt.clear()
             self._bonus.clear()
+        else:
+            self._failed_preempt = {k for k in self._failed_preempt if k[0] == "priority"}
         if self._entitling:
             self.entitled.update(self.usage, now)
         self._hand_over(now, log)

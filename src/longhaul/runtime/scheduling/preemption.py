@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from longhaul.runtime.scheduling.handover import per_node
 from longhaul.runtime.scheduling.placement import FreeView, Job
 from longhaul.runtime.scheduling.queues import preempts
 
@@ -84,7 +85,7 @@ class Preemption:
         unsaved; with `preempt_keeps_progress`, only if it keeps work of this run (`_keeps_progress`)."""
         cfg = self.cfg
         told = self._told(r, now)
-        if cfg.preempt_keeps_progress and not self._keeps_progress(r, now):
+        if cfg.preempt_keeps_progress and not (told or self._saved_since_start(r, now)):  # `_keeps_progress`
             return False
         cap = cfg.fair_preempt_max_save_s if told and cfg.fair_preempt_max_save_s is not None else cfg.fair_preempt_max_loss_s
         return cap is None or (r.job.notice_save_s if told else self._cadence_loss_s(r, now)) <= cap
@@ -125,14 +126,16 @@ class Preemption:
                 self._failed_preempt.add(key)
             return False
         told = [v for v in chosen if self._told(v, now)]  # they save first (handover.py); the others are killed now
+        told_ids = {v.job.id for v in told}
         for victim in chosen:
-            if not any(v is victim for v in told):
-                self.release(victim.job.id, now, finished=False)
+            jid = victim.job.id
+            if jid not in told_ids:
+                self.release(jid, now, finished=False)
                 self._requeue(victim.job, now)
                 log.append(("preempt", victim))
+                self.kills[jid] += 1
             self.preemptions += 1
-            self.evictions[victim.job.id] += 1
-            self.kills[victim.job.id] += not any(v is victim for v in told)
+            self.evictions[jid] += 1
         if told:
             self._tell(told, job, nodes, now, log)
         else:
@@ -143,11 +146,7 @@ class Preemption:
         """The victims that make `job` fit on `nodes`, chosen node by node (lowest priority, or
         most over-share domain, first; then the least work lost); None if they do not suffice.
         Nothing is evicted here."""
-        c, need, freed = self.c, {}, defaultdict(lambda: [0, 0, 0])
-        for i, u in zip(nodes, job.needs):
-            acc = need.setdefault(i, [0, 0, 0])
-            for k in range(3):
-                acc[k] += u[k]
+        c, need, freed = self.c, per_node(nodes, job.needs), defaultdict(lambda: [0, 0, 0])
         freed_share: dict[str, float] = defaultdict(float)  # domain -> share its chosen victims hold
         freed_class: dict[int, float] = defaultdict(float)  # priority class -> likewise
         bar = self.level(job.domain, now, self.charge(job))
@@ -197,4 +196,5 @@ class Preemption:
         fall every `checkpoint_every_s` of work, counted from when it began working at its pace:
         a clock from `started` would put them a load time early, and a victim the placer took
         for just saved would lose a whole interval."""
-        return run.job.notice_save_s if self._told(run, now) else self._cadence_loss_s(run, now)
+        loss = self._cadence_loss_s(run, now)
+        return run.job.notice_save_s if self._told(run, now, loss) else loss
