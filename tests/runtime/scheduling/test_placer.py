@@ -42,12 +42,12 @@ op_st = st.one_of(st.tuples(st.just("submit"), job_st), st.tuples(st.just("relea
 @given(caps=st.lists(st.tuples(st.integers(1, 32), st.integers(8, 128), st.integers(0, 8), st.integers(0, 2)), min_size=1, max_size=6),
        ops=st.lists(op_st, min_size=1, max_size=60), preset=st.sampled_from(sorted(PRESETS)),
        reserve=st.sampled_from([None, 0.0, 100.0]), holds=st.sampled_from([(0, False, False), (2, False, False), (2, True, False), (2, True, True)]),
-       entitled=st.booleans())
-def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds, entitled):
+       entitled=st.booleans(), instant=st.booleans())
+def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds, entitled, instant):
     nodes = [Node(f"n{i}", Resources(c, m, g), f"rack{r}") for i, (c, m, g, r) in enumerate(caps)]
     cfg = PRESETS[preset].model_copy(update={"reserve_after_s": reserve, "preempt_after_s": 30.0, "hold_nodes": holds[0],
                                              "easy_backfill": holds[1], "entitled_holds": holds[2], "entitled_preempt": entitled,
-                                             "notice": True}
+                                             "notice": True, "instant_first": instant}
                                        if preset == "longhaul" else {})
     placer = Placer(Cluster(nodes), cfg, {"d0": 1.0, "d1": 3.0})
     now, n = 0.0, 0
@@ -419,3 +419,21 @@ def test_a_head_that_may_evict_its_peers_evicts_lower_priorities_first():
     p.schedule(0.0)
     p.submit(_job("y0", 8, domain="y", priority=1, at=10.0), 10.0)  # y holds nothing: x is over its share
     assert _preempted(p.schedule(10.0)) == ["lo0"]  # not its peer x0, though its own grace for lower priorities is 60 s
+
+
+@pytest.mark.parametrize("instant_first", [False, True])
+def test_instant_first_kills_a_victim_rather_than_wait_for_a_save(instant_first):
+    # at 1000 s the rollout saved 100 s ago and the training run saves in 50 s: by work lost the
+    # training run is told (the head waits 50 s); instant-first kills the rollout and starts now
+    p = _placer(nodes=2, notice=True, preempt_after_s=0, reserve_after_s=None, instant_first=instant_first)
+    p.submit(_job("train", 8, domain="lo", checkpoint_every_s=1800.0, notice_save_s=50.0), 0.0)
+    p.submit(_job("roll", 8, domain="lo", checkpoint_every_s=300.0), 0.0)
+    p.schedule(0.0)
+    assert sorted(len(r.nodes) for r in p.running.values()) == [1, 1] and len(p.c.node_jobs[0]) == 1
+    p.submit(_job("hi0", 8, domain="hi", priority=1, at=1000.0), 1000.0)
+    log = [(what, r.job.id) for what, r in p.schedule(1000.0)]
+    if instant_first:
+        assert log == [("preempt", "roll"), ("start", "hi0")]
+    else:
+        assert log == [("notice", "train")] and "hi0" in p.awaiting
+        assert _started(p.schedule(1050.0)) == ["hi0"]
