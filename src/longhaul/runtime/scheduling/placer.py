@@ -113,14 +113,15 @@ class PlacerConfig(Section):
 
 
 PRESETS = {
-    # strict priorities starve priority 0 in peaks: a 10% class floor; a domain's small jobs before its gangs; a blocked
+    # strict priorities starve priority 0 in peaks: a class floor; a domain's small jobs before its gangs; a blocked
     # fair-first gang keeps its GPUs for the pass. Fair share: heads of domains under their estimated entitlement evict
     # jobs of domains over theirs at once; training runs are told and save, other victims must have saved since they
     # (re)started, and only kills count against max_preemptions (none here: a cap made evicted jobs immune and the error rose
-    # 0.085 -> 0.101). Full run (docs/scheduling.md): fairness 0.130 -> 0.089, p99 339 -> 138 min (FIFO 352)
+    # 0.085 -> 0.101). A search first weighs the victims killed at once (`instant_first`: no head waits for a save) and the
+    # floor is 12%. Full runs (docs/scheduling.md): fairness 0.089 -> 0.084 and 0.101 -> 0.088, p99 277 and 155 min (FIFO 352, 199)
     "longhaul": PlacerConfig(fair_preempt_after_s=0.0, entitled_preempt=True, preempt_keeps_progress=True, notice=True,
                              max_preemptions=None, preempt_tries=64, usage_half_life_s=5400.0, hold_for_first=True,
-                             min_class_share=0.10, queue_order="smallest"),
+                             min_class_share=0.12, queue_order="smallest", instant_first=True),
     "fifo": PlacerConfig(order="fifo", policy="first_fit", backfill=False, preempt=False, reserve_after_s=None),
     "fifo_backfill": PlacerConfig(order="fifo", policy="first_fit", backfill=True, preempt=False, reserve_after_s=None),
 }
