@@ -169,7 +169,7 @@ class Placer(Preemption, Holds, Handover):
         self._failed_held: set = set()  # (shape, held nodes open to it) that did not fit this pass (forgotten with the holds)
         self.durations = Durations()  # expected run times, learnt from finished runs
         self._estimate_at_start: dict[str, float] = {}  # running job -> what it was expected to take when it started
-        self._bonus: dict = {}  # priority -> (victim runs, what evicting them frees per node, its rack summaries), until resources change
+        self._bonus: dict = {}  # priority (or (priority, now): those killed at once) -> (victim runs, what evicting them frees per node, its rack summaries, their total), until resources change
         self._failed_preempt: set = set()  # (shape, priority) that pre-emption could not place, likewise
         self.by_priority: dict[int, dict[str, Running]] = defaultdict(dict)  # running pre-emptible jobs
         self.class_held: dict[int, float] = defaultdict(float)  # priority class -> share its running jobs hold (for `min_class_share`)

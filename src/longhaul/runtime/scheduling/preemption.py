@@ -60,14 +60,22 @@ class Preemption:
         total = tuple(sum(b[k] for b in bonus.values()) for k in range(3))
         return runs, bonus, (view.rack_max, view.rack_free), total
 
-    def _victims(self, priority: int, now: float) -> tuple:
+    def _victims(self, priority: int, now: float, at_once: bool = False) -> tuple | None:
         """Running evictable jobs of priorities below `priority` (cached until resources change,
-        or for the pass with `preempt_keeps_progress`)."""
-        if priority not in self._bonus:
-            self._bonus[priority] = self._candidates(
+        or for the pass with `preempt_keeps_progress`); `at_once`: only those killed, not told
+        (`_at_once`; who is told changes with time, so cached for this pass's time)."""
+        key = (priority, now) if at_once else priority
+        if key not in self._bonus:
+            self._bonus[key] = (self._at_once(self._victims(priority, now)[0], now) if at_once else self._candidates(
                 {jid: r for p, runs in self.by_priority.items() if preempts(priority, p) for jid, r in runs.items()
-                 if self._may_kill_again(r, now)})
-        return self._bonus[priority]
+                 if self._may_kill_again(r, now)}))
+        return self._bonus[key]
+
+    def _at_once(self, runs: dict, now: float) -> tuple | None:
+        """The candidates among `runs` that would be killed, not told to save (`instant_first`);
+        None if that is none or all of them (a search of its own would add nothing)."""
+        instant = {jid: r for jid, r in runs.items() if not self._told(r, now)}
+        return self._candidates(instant) if instant and len(instant) < len(runs) else None
 
     def _may_kill_again(self, r: Running, now: float) -> bool:
         """With `preempt_keeps_progress`, a job killed before is a victim again only once it got on."""
@@ -92,15 +100,15 @@ class Preemption:
         unsaved; with `preempt_keeps_progress`, only if it keeps work of this run (`_keeps_progress`)."""
         cfg = self.cfg
         told = self._told(r, now)
-        if cfg.preempt_keeps_progress and not (told or self._saved_since_start(r, now)):  # `_keeps_progress`
+        if cfg.preempt_keeps_progress and not self._keeps_progress(r, now, told):
             return False
         cap = cfg.fair_preempt_max_save_s if told and cfg.fair_preempt_max_save_s is not None else cfg.fair_preempt_max_loss_s
         return cap is None or (r.job.notice_save_s if told else self._cadence_loss_s(r, now)) <= cap
 
-    def _keeps_progress(self, r: Running, now: float) -> bool:
-        """Whether evicting `r` keeps work of its run: it is told (it saves), or it saved since it
-        started. A job evicted again and again under this rule still gets on."""
-        return self._told(r, now) or self._saved_since_start(r, now)
+    def _keeps_progress(self, r: Running, now: float, told: bool | None = None) -> bool:
+        """Whether evicting `r` keeps work of its run: it is told (it saves; `told`, if known), or
+        it saved since it started. A job evicted again and again under this rule still gets on."""
+        return (self._told(r, now) if told is None else told) or self._saved_since_start(r, now)
 
     def _preempt_for(self, job: Job, now: float, log: list) -> bool:
         """Evict for `job`: strictly lower priorities after `preempt_after_s`; with
@@ -125,9 +133,9 @@ class Preemption:
         every = self._victims(job.priority, now) if mode == "priority" else self._over_share(job, now)
         stages = [every]
         if self.cfg.instant_first:  # first among the victims that go now (killed): the head need not wait for a save
-            instant = {jid: r for jid, r in every[0].items() if not self._told(r, now)}
-            if instant and len(instant) < len(every[0]):
-                stages.insert(0, self._candidates(instant))
+            instant = self._victims(job.priority, now, at_once=True) if mode == "priority" else self._at_once(every[0], now)
+            if instant is not None:
+                stages.insert(0, instant)
         nodes, chosen = None, None
         for runs, bonus, summaries, total in stages:
             if runs and all(t <= f + e for t, f, e in zip(job.total, c.free_total, total)):
