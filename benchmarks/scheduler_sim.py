@@ -113,9 +113,10 @@ def _assumptions(spec: WorkloadSpec, workload: dict, tick_s: float) -> list[str]
             "checkpoint loads: node cache %g GB/s, same rack %g GB/s, storage %g GB/s; a gang spanning r racks runs 1 + %g (r - 1) "
             "times slower (%g below 32 GB)" % (cluster_sim.LOCAL_GBPS, cluster_sim.RACK_GBPS, cluster_sim.REMOTE_GBPS,
                                                 cluster_sim.CROSS_RACK_LARGE, cluster_sim.CROSS_RACK_SMALL),
-            f"pre-empted work survives at checkpoints every {', '.join(f'{k} {v / 60:g} min' for k, v in CHECKPOINT_EVERY_S.items())}; "
-            f"told of a pre-emption, {', '.join(k for k, v in SAVES_ON_NOTICE.items() if v)} runs save everything instead "
-            f"({TRAIN_STATE_X:g}x the checkpoint at {STORAGE_GBPS:g} GB/s + {NOTICE_OVERHEAD_S:g} s, holding their GPUs meanwhile)",
+            f"pre-empted work survives at checkpoints every {', '.join(f'{k} {v / 60:g} min' for k, v in CHECKPOINT_EVERY_S.items())}",
+            (f"told of a pre-emption, {', '.join(k for k, v in SAVES_ON_NOTICE.items() if v)} runs save everything instead "
+             f"({TRAIN_STATE_X:g}x the checkpoint at {STORAGE_GBPS:g} GB/s + {NOTICE_OVERHEAD_S:g} s, holding their GPUs meanwhile)"
+             if spec.notice_save_s is None else f"what-if: told of a pre-emption, every job saves everything in {spec.notice_save_s:g} s"),
             f"one placer pass every {tick_s:g} s; seed {spec.seed}"]
 
 
@@ -170,6 +171,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--domains", type=int, default=300)
     ap.add_argument("--load", type=float, default=WorkloadSpec.load, help="mean offered GPU load / GPU capacity")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--notice-save-s", type=float, default=None,
+                    help="what-if: every job saves on notice in this many seconds (1: pre-emption nearly free); default: as modelled")
     ap.add_argument("--tick", type=float, default=cluster_sim.TICK_S, help="seconds between placer passes")
     ap.add_argument("--policies", default="longhaul,fifo,fifo_backfill",
                     help="presets, optionally with overrides: longhaul[fair_preempt_after_s=600;preempt=false]")
@@ -179,10 +182,12 @@ def main(argv=None) -> dict:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:
         policy_config(p)  # fail before simulating anything
+    if args.notice_save_s is not None and not args.notice_save_s >= 0:
+        raise SystemExit(f"error: --notice-save-s {args.notice_save_s:g} must be 0 or more seconds")
     if args.warmup >= args.hours:
         raise SystemExit(f"error: --warmup {args.warmup:g} must be shorter than --hours {args.hours:g}")
     spec = WorkloadSpec(nodes=args.nodes, racks=args.racks, domains=args.domains, hours=args.hours, warmup_hours=args.warmup,
-                        load=args.load, seed=args.seed)
+                        load=args.load, seed=args.seed, notice_save_s=args.notice_save_s)
     workload, results = run_policies(spec, policies, args.tick)
     print_table(results)
     verdict = goal(results)

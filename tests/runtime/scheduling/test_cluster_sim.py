@@ -1,6 +1,7 @@
 """The cluster simulator: exact figures on hand-made workloads, the fairness reference, sanity
 and determinism of the synthetic workload for a seed."""
 
+import dataclasses
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -102,6 +103,16 @@ def test_workload_is_a_function_of_its_seed():
     c = make_workload(WorkloadSpec(nodes=40, racks=2, domains=10, hours=2.0, seed=2))
     key = lambda w: [(j.job.id, j.arrival, j.work_s, j.job.domain, len(j.job.units)) for j in w[2]]
     assert key(a) == key(b) and key(a) != key(c)
+
+
+def test_notice_save_what_if_changes_only_the_saves():
+    spec = WorkloadSpec(nodes=40, racks=2, domains=10, hours=2.0, seed=1)
+    base = make_workload(spec)[2]
+    free = make_workload(dataclasses.replace(spec, notice_save_s=1.0))[2]
+    key = lambda js: [(j.job.id, j.arrival, j.work_s, j.job.domain, j.job.units, j.job.checkpoint_every_s) for j in js]
+    assert key(free) == key(base)
+    assert {j.job.notice_save_s for j in free} == {1.0}
+    assert all((j.job.notice_save_s is not None) == (j.kind == "train") for j in base)  # as modelled: training runs save on notice
 
 
 def test_two_backlogged_domains_at_1_to_3_converge_to_their_weights():

@@ -17,6 +17,8 @@ in the policy. What it models:
   pre-emption saves everything instead, in `notice_save_s`: its weights and Adam state (3x the
   checkpoint) written at `STORAGE_GBPS` (2 GB/s for the whole gang, not per node: conservative),
   plus 60 s to finish its step and exit (64 s for 3 GB weights, 84 s for 16, 156 s for 64, 270 s for 140).
+  `notice_save_s` replaces that with one save time for every job (a what-if, not a model: with
+  a second or so, pre-emption costs next to nothing, which bounds what its cost explains).
 - Arrivals: one Poisson process whose rate follows a daily cycle (+-`diurnal`), domains
   chosen by demand; 3% of arrivals are sweeps of 5-40 identical jobs at once. The mean rate is
   set so the offered GPU load is `load` times the GPU capacity (peaks above it, troughs below);
@@ -61,6 +63,7 @@ class WorkloadSpec:
     diurnal: float = 0.35  # arrival rate swings +-35% over a day
     sweep_prob: float = 0.03
     seed: int = 0
+    notice_save_s: float | None = None  # a what-if: every job, whatever its kind, saves on notice in this long (near 0: pre-emption costs next to nothing); None: as modelled
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def make_domains(spec: WorkloadSpec, rng: random.Random) -> list[DomainSpec]:
     return out
 
 
-def _job(rng: random.Random, d: DomainSpec, kind: str, jid: str, t: float) -> tuple[Job, float]:
+def _job(rng: random.Random, d: DomainSpec, kind: str, jid: str, t: float, save_s: float | None = None) -> tuple[Job, float]:
     median, sigma = next((m, s) for k, _, m, s in KINDS if k == kind)
     work = min(max(rng.lognormvariate(math.log(median), sigma), 60.0), 24 * 3600.0)
     if kind == "train":
@@ -115,7 +118,7 @@ def _job(rng: random.Random, d: DomainSpec, kind: str, jid: str, t: float) -> tu
         worker = WorkUnit("rollout", Resources(cpus=6 * d.worker_gpus, mem_gb=64 * d.worker_gpus, gpus=d.worker_gpus))
         units = (worker,) * workers + (WorkUnit("sandbox", SANDBOX, loads_checkpoint=False),) * pools
     return Job(jid, d.name, units, d.priority, d.checkpoint_gb, f"{d.name}/policy", True, t, CHECKPOINT_EVERY_S[kind],
-               notice_save_s(kind, d.checkpoint_gb)), work
+               notice_save_s(kind, d.checkpoint_gb) if save_s is None else save_s), work
 
 
 def _gpu_seconds(job: Job, work: float) -> float:
@@ -145,7 +148,7 @@ def make_jobs(spec: WorkloadSpec, domains: list[DomainSpec], rng: random.Random)
         kind = rng.choices(kinds, kind_p)[0]
         count = rng.randint(5, 40) if rng.random() < spec.sweep_prob else 1
         for _ in range(count):
-            job, work = _job(rng, d, kind, f"j{len(out):06d}", t)
+            job, work = _job(rng, d, kind, f"j{len(out):06d}", t, spec.notice_save_s)
             out.append(SimJob(job, t, work, kind))
 
 
