@@ -80,12 +80,15 @@ def _kill_when(find_pid, killed: dict) -> None:
     def loop():
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            pid = find_pid()
+            try:
+                pid = find_pid()
+            except Exception:  # the run changed what this read meanwhile (a request ended, an actor died): look again
+                pid = None
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
                 killed["pid"] = pid
                 return
-            time.sleep(0.05)
+            time.sleep(0.01)
 
     threading.Thread(target=loop, daemon=True).start()
 
