@@ -4,7 +4,7 @@ co-location of large weights, cache affinity, no stranded GPUs."""
 import pytest
 
 from longhaul.runtime.scheduling.cluster import Cluster, Node, Oversubscribed, Resources
-from longhaul.runtime.scheduling.placement import PLACEMENT, FreeView, Job, WorkUnit
+from longhaul.runtime.scheduling.placement import PLACEMENT, FreeView, Job, WorkUnit, shards
 from longhaul.runtime.scheduling.placer import PlacerConfig
 
 GPU8 = Resources(cpus=32, mem_gb=256, gpus=8)
@@ -100,3 +100,18 @@ def test_unknown_policy_is_one_clear_error():
 
     with pytest.raises(LonghaulError, match="unknown placement policy 'packk'; did you mean 'pack'"):
         PLACEMENT.get_fn("packk")
+
+
+def test_an_elastic_batch_splits_into_one_shard_a_worker_that_together_ask_what_it_asks():
+    worker, pool = WorkUnit("rollout", Resources(cpus=8, mem_gb=64, gpus=4)), WorkUnit("sandbox", Resources(cpus=16, mem_gb=32), loads_checkpoint=False)
+    batch = Job("b", "d", (worker,) * 3 + (pool,) * 7, 1, 16.0, "d/policy", True, 5.0, 300.0, elastic=True)
+    parts = shards(batch)
+    assert [p.id for p in parts] == ["b#0", "b#1", "b#2"]
+    assert [sum(u.loads_checkpoint for u in p.units) for p in parts] == [1, 1, 1]  # one worker each
+    assert [len(p.units) - 1 for p in parts] == [3, 2, 2]  # the 7 pools dealt in turn
+    assert tuple(sum(p.total[k] for p in parts) for k in range(3)) == batch.total
+    assert all((p.domain, p.priority, p.checkpoint_gb, p.submitted, p.checkpoint_every_s, p.elastic) == ("d", 1, 16.0, 5.0, 300.0, False)
+               for p in parts)
+    assert shards(Job("g", "d", (worker,) * 3)) == (Job("g", "d", (worker,) * 3),)  # a gang (not elastic) stays whole
+    one = Job("e", "d", (worker, pool), elastic=True)
+    assert shards(one) == (one,)  # one worker: nothing to split

@@ -33,7 +33,8 @@ def _preempted(log) -> list[str]:
 units_st = st.tuples(st.floats(0, 12).map(lambda x: round(x, 3)), st.integers(0, 48), st.integers(0, 8))
 job_st = st.tuples(st.lists(units_st, min_size=1, max_size=4), st.integers(0, 2), st.floats(0, 200), st.booleans(),
                    st.sampled_from([None, 0.0, 40.0, 500.0]),  # its save on notice (handover.py)
-                   st.sampled_from([None, 30.0, 300.0]))  # how often it saves (victims that keep progress)
+                   st.sampled_from([None, 30.0, 300.0]),  # how often it saves (victims that keep progress)
+                   st.booleans())  # elastic: with split_elastic, queued as one shard a unit
 op_st = st.one_of(st.tuples(st.just("submit"), job_st), st.tuples(st.just("release"), st.integers(0, 10**6)),
                   st.tuples(st.just("tick"), st.floats(0, 400)))
 
@@ -42,21 +43,22 @@ op_st = st.one_of(st.tuples(st.just("submit"), job_st), st.tuples(st.just("relea
 @given(caps=st.lists(st.tuples(st.integers(1, 32), st.integers(8, 128), st.integers(0, 8), st.integers(0, 2)), min_size=1, max_size=6),
        ops=st.lists(op_st, min_size=1, max_size=60), preset=st.sampled_from(sorted(PRESETS)),
        reserve=st.sampled_from([None, 0.0, 100.0]), holds=st.sampled_from([(0, False, False), (2, False, False), (2, True, False), (2, True, True)]),
-       entitled=st.booleans(), instant=st.booleans())
-def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds, entitled, instant):
+       entitled=st.booleans(), instant=st.booleans(), split=st.booleans())
+def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds, entitled, instant, split):
     nodes = [Node(f"n{i}", Resources(c, m, g), f"rack{r}") for i, (c, m, g, r) in enumerate(caps)]
     cfg = PRESETS[preset].model_copy(update={"reserve_after_s": reserve, "preempt_after_s": 30.0, "hold_nodes": holds[0],
                                              "easy_backfill": holds[1], "entitled_holds": holds[2], "entitled_preempt": entitled,
-                                             "notice": True, "instant_first": instant}
-                                       if preset == "longhaul" else {})
+                                             "notice": True, "instant_first": instant, "split_elastic": split}
+                                       if preset == "longhaul" else {"split_elastic": split})
     placer = Placer(Cluster(nodes), cfg, {"d0": 1.0, "d1": 3.0})
     now, n = 0.0, 0
     for op, arg in ops:
         if op == "submit":
-            units, prio, ckpt, preemptible, notice, every = arg
+            units, prio, ckpt, preemptible, notice, every, elastic = arg
             job = Job(f"j{n}", f"d{n % 2}", tuple(WorkUnit("w", Resources(*u)) for u in units), prio, ckpt, f"c{n % 3}", preemptible, now,
-                      checkpoint_every_s=every, notice_save_s=notice)
-            placer.submit(job, now)
+                      checkpoint_every_s=every, notice_save_s=notice, elastic=elastic)
+            parts = placer.submit(job, now)
+            assert len(parts) == (len(units) if split and elastic else 1) and all(q.id in placer.jobs for q in parts)
             n += 1
         elif op == "release" and placer.running:
             placer.release(sorted(placer.running)[arg % len(placer.running)])
@@ -437,3 +439,44 @@ def test_instant_first_kills_a_victim_rather_than_wait_for_a_save(instant_first)
     else:
         assert log == [("notice", "train")] and "hi0" in p.awaiting
         assert _started(p.schedule(1050.0)) == ["hi0"]
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_an_elastic_batch_starts_and_is_preempted_a_worker_at_a_time(split):
+    p = _placer(nodes=2, preempt_after_s=0, split_elastic=split)
+    p.submit(_job("busy", 8, domain="other"), 0.0)
+    assert _started(p.schedule(0.0)) == ["busy"]
+    parts = p.submit(_job("batch", 8, units=2, elastic=True), 1.0)
+    if not split:  # a gang: it waits for both nodes
+        assert [q.id for q in parts] == ["batch"] and p.schedule(1.0) == []
+        p.release("busy", 50.0)
+        assert _started(p.schedule(50.0)) == ["batch"]
+        p.submit(_job("urgent", 8, priority=1, at=60.0), 60.0)
+        log = p.schedule(60.0)
+        assert _preempted(log) == ["batch"] and _started(log) == ["urgent"]  # the whole batch goes for one node
+        return
+    assert [q.id for q in parts] == ["batch#0", "batch#1"]
+    assert _started(p.schedule(1.0)) == ["batch#0"]  # one worker starts on the free node now
+    p.release("busy", 50.0)
+    assert _started(p.schedule(50.0)) == ["batch#1"]
+    p.submit(_job("urgent", 8, priority=1, at=60.0), 60.0)
+    log = p.schedule(60.0)
+    assert len(_preempted(log)) == 1 and _started(log) == ["urgent"] and len(p.running) == 2  # one worker goes, one keeps running
+
+
+def test_a_split_batch_is_refused_when_one_of_its_shards_is_already_queued():
+    p = _placer(split_elastic=True)
+    p.submit(_job("batch#1", 1), 0.0)
+    with pytest.raises(ValueError, match="batch#1"):
+        p.submit(_job("batch", 1, units=2, elastic=True), 0.0)
+    assert list(p.jobs) == ["batch#1"]  # nothing half-queued
+
+
+def test_a_batch_whose_turn_it_is_starts_every_worker_that_fits_before_the_next_domain():
+    p = Placer(Cluster([Node(f"n{i}", NODE, "r") for i in range(2)]), PlacerConfig(split_elastic=True, queue_order="smallest"),
+               {"a": 1.0, "b": 1.0})
+    p.submit(_job("batch", 8, units=2, domain="a", elastic=True), 0.0)
+    p.submit(_job("other", 8, domain="b"), 0.0)
+    # a comes first (equal levels, then name); once its first worker starts, a is above b, but the batch keeps its turn,
+    # as the gang would have started whole
+    assert _started(p.schedule(0.0)) == ["batch#0", "batch#1"] and list(p.jobs) == ["other"]

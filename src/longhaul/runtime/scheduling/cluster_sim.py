@@ -12,6 +12,9 @@ work saved at its checkpoint cadence and loses the rest, unless the placer tells
 saves on notice, `Job.notice_save_s`, handover.py): then it keeps all its work up to the notice,
 holds its GPUs for the save, which counts as lost GPU time (with the wait for the pass after the
 save ends: at most one tick more), and the head that evicted it starts (and loads) only after.
+A placer with `split_elastic` queues a rollout batch (`Job.elastic`) as its shards, one worker
+each: every shard works the batch's whole duration on its share of the episodes, from when it
+starts, and the batch has waited as long as its longest-waiting shard.
 
 Measured over [warm-up, end]:
 - utilisation: time-averaged allocated fraction of GPUs and CPUs; goodput: GPU time spent
@@ -125,6 +128,8 @@ class Simulation:
         self.arrivals = sorted(jobs, key=lambda j: (j.arrival, j.job.id))
         self.warmup, self.end, self.tick = warmup_s, end_s, tick_s
         self.remaining = {j.job.id: j.work_s for j in jobs}
+        self.parts: dict[str, list[str]] = {}  # job queued as shards (split_elastic) -> their ids
+        self.unfinished: dict[str, int] = {}  # job -> its shards not yet finished
         self.events: list = []  # (time, seq, job id, run token)
         self.token: dict[str, int] = {}
         self.seq = 0
@@ -203,10 +208,27 @@ class Simulation:
             if self.warmup <= now <= self.end:
                 self.preemptions += 1
         else:
-            self.finished += 1
+            batch = run.job.batch
+            if batch is None:
+                self.finished += 1
+            else:  # a job run as shards is finished when its last shard is
+                self.unfinished[batch] -= 1
+                self.finished += not self.unfinished[batch]
         self.goodput_gpu_s += gpus * worked * frac
         for m, share in self._shares(run.job).items():
             self.ledgers[m].change(run.job.domain, now, held=-share, queued=share if preempted else 0.0)
+
+    def _arrive(self, sj: SimJob, now: float) -> None:
+        parts = self.placer.submit(sj.job, now)
+        if parts != (sj.job,):  # queued as shards (split_elastic): each does the whole job's work on its share
+            self.parts[sj.job.id], self.unfinished[sj.job.id] = [p.id for p in parts], len(parts)
+            del self.remaining[sj.job.id]
+            for p in parts:
+                self.jobs[p.id], self.remaining[p.id] = SimJob(p, sj.arrival, sj.work_s, sj.kind), sj.work_s
+        for p in parts:
+            self.queued_since[p.id] = now
+            for m, share in self._shares(p).items():
+                self.ledgers[m].change(p.domain, now, queued=share)
 
     def _next_time(self, k: int) -> float:
         t_arr = self.arrivals[k].arrival if k < len(self.arrivals) else math.inf
@@ -226,11 +248,7 @@ class Simulation:
             while (t := self._next_time(k)) <= now:  # every arrival and finish up to this pass, in time order
                 self._account(t)
                 if k < len(self.arrivals) and self.arrivals[k].arrival == t:
-                    sj = self.arrivals[k]
-                    self.placer.submit(sj.job, t)
-                    self.queued_since[sj.job.id] = t
-                    for m, share in self._shares(sj.job).items():
-                        self.ledgers[m].change(sj.job.domain, t, queued=share)
+                    self._arrive(self.arrivals[k], t)
                     k += 1
                 else:
                     _, _, jid, tok = heapq.heappop(self.events)
@@ -253,15 +271,21 @@ class Simulation:
             self.goodput_gpu_s += sum(u.needs.gpus for u in run.job.units) * max(0.0, self.end - start - load) / slow * frac
         return self.report()
 
+    def jobs_of(self, ids) -> set[str]:
+        """The jobs these placer ids belong to (a shard's job, or the id itself)."""
+        return {self.jobs[j].job.batch or j for j in ids}
+
     def _delays(self) -> dict[int | None, list[float]]:
-        """Sorted waits of the jobs that arrived in the window, all (key None) and by priority."""
+        """Sorted waits of the jobs that arrived in the window, all (key None) and by priority; a
+        job run as shards waited as long as its shard that waited longest."""
         out: dict = defaultdict(list)
-        for jid, sj in self.jobs.items():
+        for sj in self.arrivals:
             if not (self.warmup <= sj.arrival <= self.end):
                 continue
-            waiting = self.end - self.queued_since[jid] if jid in self.queued_since else 0.0
-            out[None].append(self.wait[jid] + waiting)
-            out[sj.job.priority].append(self.wait[jid] + waiting)
+            delay = max(self.wait[j] + (self.end - self.queued_since[j] if j in self.queued_since else 0.0)
+                        for j in self.parts.get(sj.job.id, (sj.job.id,)))
+            out[None].append(delay)
+            out[sj.job.priority].append(delay)
         return {k: sorted(v) for k, v in out.items()}
 
     def _capped_wanted(self) -> dict:
@@ -341,7 +365,7 @@ class Simulation:
                 "evictions_most_of_one_job": max(self.placer.evictions.values(), default=0),
                 "kills_most_of_one_job": max(self.placer.kills.values(), default=0),
                 "jobs_evicted_3_times_or_more": sum(n >= 3 for n in self.placer.evictions.values()), "jobs_in_window": len(delays),
-                "jobs_finished": self.finished, "jobs_waiting_at_end": self.placer.queued() + len(self.placer.stopping)}
+                "jobs_finished": self.finished, "jobs_waiting_at_end": len(self.jobs_of([*self.placer.jobs, *self.placer.stopping]))}
 
 
 def simulate(nodes, domains, jobs, cfg: PlacerConfig, warmup_s: float, end_s: float, progress=None, tick_s: float = TICK_S) -> dict:

@@ -2,7 +2,11 @@
 
 A `Job` is a gang of `WorkUnit`s (a rollout worker, a sandbox pool, a trainer shard, each with
 its resource needs) that starts only when every unit has a node: one domain's rollout batch,
-evaluation or training run, with the checkpoint size its GPU units must load. A placement
+evaluation or training run, with the checkpoint size its GPU units must load. An *elastic* job
+(`Job.elastic`: a rollout batch, whose inference workers each serve their share of the episodes
+on their own) need not start whole: `shards(job)` splits it into one job per worker, each with
+its share of the other units, which a placer with `split_elastic` queues, starts and pre-empts
+one by one; only a training run's units must start together. A placement
 policy is a function `(view: FreeView, job, cfg) -> [node index per unit] | None`, registered
 by name, that only *chooses*: `Cluster.allocate` takes the resources (all or nothing) and
 `Placer` orders the jobs. Policies:
@@ -19,7 +23,7 @@ by name, that only *chooses*: `Cluster.allocate` takes the resources (all or not
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from longhaul.rl.registry import Registry
@@ -47,6 +51,8 @@ class Job:
     submitted: float = 0.0  # first submission time (kept across pre-emptions)
     checkpoint_every_s: float | None = None  # how often it saves its progress; None: a pre-emption loses all of it
     notice_save_s: float | None = None  # told it is pre-empted, it saves everything in this long, then exits (handover.py); None: it cannot
+    elastic: bool = False  # its checkpoint-loading units are independent workers (a rollout batch): it may run as `shards`
+    batch: str | None = None  # a shard (`shards`): the id of the job it is part of
 
     @cached_property
     def needs(self) -> list[tuple[int, int, int]]:
@@ -56,6 +62,19 @@ class Job:
     @cached_property
     def total(self) -> tuple[int, int, int]:
         return tuple(sum(u[k] for u in self.needs) for k in range(3))
+
+
+def shards(job: Job) -> tuple[Job, ...]:
+    """An elastic job as one job per checkpoint-loading worker, ids `<id>#<k>`, the other units
+    (sandbox pools) dealt to them in turn; the job itself when it is not elastic or has one worker.
+    Each shard asks what its units ask and lasts as long as the whole job (its worker serves its
+    share of the episodes); together they ask exactly what the job asks."""
+    workers = [u for u in job.units if u.loads_checkpoint]
+    if not job.elastic or len(workers) < 2:
+        return (job,)
+    rest = [u for u in job.units if not u.loads_checkpoint]
+    return tuple(replace(job, id=f"{job.id}#{k}", units=(w, *rest[k::len(workers)]), elastic=False, batch=job.id)
+                 for k, w in enumerate(workers))
 
 
 class FreeView:

@@ -8,8 +8,14 @@ decayed mean share of the last hours, what it holds now counted `usage_lookahead
 (`share="gpu"`: GPU-hours are what domains are entitled to; CPUs and memory are packed, not
 shared out) or the dominant share, the largest of its CPU, memory and GPU fractions
 (`share="dominant"`: weighted DRF).
-With `queue_order="smallest"` a domain's queue is ordered by GPUs asked (then dominant share, then
-age) instead of submission: its share is the same, fewer of its jobs wait behind its gangs.
+With `queue_order="smallest"` a domain's queue is ordered by GPUs asked (then age, then dominant
+share) instead of submission: its share is the same, fewer of its jobs wait behind its gangs,
+and the shards of one batch stay together, in the order of their batches.
+With `split_elastic`, an elastic job (a rollout batch, `Job.elastic`) is queued as its shards,
+one worker each (`placement.shards`): they start as room frees and are pre-empted one at a
+time, so a batch neither waits for room for all its workers nor loses them all to one eviction.
+A batch whose turn it is in the fair order keeps it while its next shard fits (it starts what
+fits of it, as the whole gang would have).
 With `backfill`, a head that does not fit does not stop the pass: up to `domain_scan` jobs
 behind it in its domain, then other domains, are tried (`scan_limit` attempts a pass).
 With `hold_for_first`, a blocked head of the domain its priority's fair order serves first
@@ -69,7 +75,7 @@ from longhaul.runtime.scheduling.durations import Durations
 from longhaul.runtime.scheduling.entitlement import Entitlements
 from longhaul.runtime.scheduling.handover import Handover
 from longhaul.runtime.scheduling.holds import Holds
-from longhaul.runtime.scheduling.placement import PLACEMENT, FreeView, Job
+from longhaul.runtime.scheduling.placement import PLACEMENT, FreeView, Job, shards
 from longhaul.runtime.scheduling.preemption import Preemption
 from longhaul.runtime.scheduling.usage import Usage
 
@@ -109,6 +115,7 @@ class PlacerConfig(Section):
     hold_for_under: float = Field(0.0, ge=0, le=0.5)  # blocked heads of domains under their entitlement keep their GPUs (up to this share of all) from domains that are not (non-work-conserving); 0: off
     entitled_preempt: bool = False  # fair-share pre-emption only for domains under their entitlement, of jobs of domains over theirs, least unsaved work first
     min_class_share: float = Field(0.0, ge=0, le=0.5)  # a priority class with waiting jobs is guaranteed this share of the GPUs (no starvation under strict priorities); 0: strict
+    split_elastic: bool = False  # an elastic job (Job.elastic: a rollout batch's independent workers) is queued as its shards (placement.shards): its workers start as room frees and are pre-empted one by one, not as one gang
     notice: bool = False  # victims that save on notice (Job.notice_save_s) are told, and keep their nodes while they save, when that loses less than killing them (handover.py); off: killed
 
 
@@ -121,7 +128,7 @@ PRESETS = {
     # floor is 12%. Full runs (docs/scheduling.md): fairness 0.089 -> 0.084 and 0.101 -> 0.088, p99 277 and 155 min (FIFO 352, 199)
     "longhaul": PlacerConfig(fair_preempt_after_s=0.0, entitled_preempt=True, preempt_keeps_progress=True, notice=True,
                              max_preemptions=None, preempt_tries=64, usage_half_life_s=5400.0, hold_for_first=True,
-                             min_class_share=0.12, queue_order="smallest", instant_first=True),
+                             min_class_share=0.12, queue_order="smallest", instant_first=True, split_elastic=True),
     "fifo": PlacerConfig(order="fifo", policy="first_fit", backfill=False, preempt=False, reserve_after_s=None),
     "fifo_backfill": PlacerConfig(order="fifo", policy="first_fit", backfill=True, preempt=False, reserve_after_s=None),
 }
@@ -178,14 +185,19 @@ class Placer(Preemption, Holds, Handover):
     def _key(self, job: Job) -> str:
         return job.domain if self.cfg.order == "fair" else ""
 
-    def submit(self, job: Job, now: float) -> None:
-        if job.id in self.jobs or job.id in self.running:
-            raise ValueError(f"job {job.id!r} is already queued or running")
-        if self.cfg.order == "fair" and self.cfg.queue_order == "smallest":
-            self._insert(job)
-        else:
-            self.queues[self._key(job)].append(job)
-        self._wait(job, now)
+    def submit(self, job: Job, now: float) -> tuple[Job, ...]:
+        """Queue `job`; returns what was queued: the job, or its shards with `split_elastic`."""
+        parts = shards(job) if self.cfg.split_elastic else (job,)
+        for part in parts:
+            if part.id in self.jobs or part.id in self.running or part.id in self.stopping:
+                raise ValueError(f"job {part.id!r} is already queued or running")
+        for part in parts:
+            if self.cfg.order == "fair" and self.cfg.queue_order == "smallest":
+                self._insert(part)
+            else:
+                self.queues[self._key(part)].append(part)
+            self._wait(part, now)
+        return parts
 
     def _wait(self, job: Job, now: float) -> None:
         self.jobs[job.id] = job
@@ -205,12 +217,12 @@ class Placer(Preemption, Holds, Handover):
         self._wait(job, now)
 
     def _insert(self, job: Job) -> None:
-        """Into its domain's queue by size: fewest GPUs, then smallest dominant share, then oldest."""
+        """Into its domain's queue by size: fewest GPUs, then oldest, then smallest dominant share."""
         q = self.queues[job.domain]
         q.insert(bisect.bisect_right(q, self._size(job), key=self._size), job)
 
     def _size(self, job: Job) -> tuple:
-        return (job.total[2], self.dominant(job), job.submitted)
+        return (job.total[2], job.submitted, self.dominant(job))
 
     def _dequeue(self, job: Job) -> None:
         self.queues[self._key(job)].remove(job)
@@ -365,7 +377,8 @@ class Placer(Preemption, Holds, Handover):
                     holds += 1
                     self._hold_for(job, now)
             if placed and q:
-                heapq.heappush(heap, self._heap_key(d, q[0], now))
+                turn = q[0].batch is not None and q[0].batch == job.batch  # a shard of the batch just started keeps its turn
+                heapq.heappush(heap, key if turn else self._heap_key(d, q[0], now))
             elif not placed and not cfg.backfill:
                 break
 

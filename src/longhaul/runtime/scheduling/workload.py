@@ -12,11 +12,13 @@ in the policy. What it models:
 - Jobs: rollout batches (70%: 1/2/4 inference workers and their sandbox pools of 16 CPUs,
   lognormal duration, median 15 min, sigma 1), evaluations (25%: one worker, twice the pools,
   median 8 min, sigma 0.8) and training runs (5%: 1/2/4/8 whole GPU nodes, median 2 h,
-  sigma 0.7). Durations are clipped to [1 min, 24 h]. Work survives pre-emption at a checkpoint
-  every 5 min (rollouts, evaluations) or 30 min (training); a training run told of its
-  pre-emption saves everything instead, in `notice_save_s`: its weights and Adam state (3x the
-  checkpoint) written at `STORAGE_GBPS` (2 GB/s for the whole gang, not per node: conservative),
-  plus 60 s to finish its step and exit (64 s for 3 GB weights, 84 s for 16, 156 s for 64, 270 s for 140).
+  sigma 0.7). Rollout batches and evaluations are elastic (`Job.elastic`: their workers are
+  independent; a placer with `split_elastic` runs them as shards), training runs are gangs.
+  Durations are clipped to [1 min, 24 h]. Work survives pre-emption at a checkpoint every 5 min
+  (rollouts, evaluations) or 30 min (training); a training run told of its pre-emption saves
+  everything instead, in `notice_save_s`: its weights and Adam state (3x the checkpoint) written
+  at `STORAGE_GBPS` (2 GB/s for the whole gang, not per node: conservative), plus 60 s to finish
+  its step and exit (64 s for 3 GB weights, 84 s for 16, 156 s for 64, 270 s for 140).
   `notice_save_s` replaces that with one save time for every job (a what-if, not a model: with
   a second or so, pre-emption costs next to nothing, which bounds what its cost explains).
 - Arrivals: one Poisson process whose rate follows a daily cycle (+-`diurnal`), domains
@@ -118,7 +120,7 @@ def _job(rng: random.Random, d: DomainSpec, kind: str, jid: str, t: float, save_
         worker = WorkUnit("rollout", Resources(cpus=6 * d.worker_gpus, mem_gb=64 * d.worker_gpus, gpus=d.worker_gpus))
         units = (worker,) * workers + (WorkUnit("sandbox", SANDBOX, loads_checkpoint=False),) * pools
     return Job(jid, d.name, units, d.priority, d.checkpoint_gb, f"{d.name}/policy", True, t, CHECKPOINT_EVERY_S[kind],
-               notice_save_s(kind, d.checkpoint_gb) if save_s is None else save_s), work
+               notice_save_s(kind, d.checkpoint_gb) if save_s is None else save_s, elastic=kind != "train"), work
 
 
 def _gpu_seconds(job: Job, work: float) -> float:
