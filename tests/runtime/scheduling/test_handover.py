@@ -150,9 +150,10 @@ def test_only_training_runs_save_on_notice_in_the_workload():
     ckpt = {d.name: d.checkpoint_gb for d in domains}
     assert {j.kind for j in jobs} == {"rollout", "eval", "train"}
     for j in jobs:
-        want = 60.0 + 3 * ckpt[j.job.domain] / 2.0 if j.kind == "train" else None
+        want = 60.0 + 3 * ckpt[j.job.domain] / (2.0 * len(j.job.units)) if j.kind == "train" else None  # each node writes its shard
         assert j.job.notice_save_s == want, j
-    assert notice_save_s("train", 140.0) == pytest.approx(270.0) and notice_save_s("rollout", 140.0) is None
+    assert notice_save_s("train", 140.0) == pytest.approx(270.0) and notice_save_s("train", 140.0, 8) == pytest.approx(86.25)
+    assert notice_save_s("rollout", 140.0) is None
 
 
 def test_a_saturated_replay_with_told_victims_keeps_the_books_and_loses_no_job():

@@ -16,9 +16,10 @@ in the policy. What it models:
   independent; a placer with `split_elastic` runs them as shards), training runs are gangs.
   Durations are clipped to [1 min, 24 h]. Work survives pre-emption at a checkpoint every 5 min
   (rollouts, evaluations) or 30 min (training); a training run told of its pre-emption saves
-  everything instead, in `notice_save_s`: its weights and Adam state (3x the checkpoint) written
-  at `STORAGE_GBPS` (2 GB/s for the whole gang, not per node: conservative), plus 60 s to finish
-  its step and exit (64 s for 3 GB weights, 84 s for 16, 156 s for 64, 270 s for 140).
+  everything instead, in `notice_save_s`: its weights and Adam state (3x the
+  checkpoint), sharded over its nodes, each node writing its part at `STORAGE_GBPS` (2 GB/s, the
+  rate each unit loads at), plus 60 s to finish its step and exit (on one node 64 s for 3 GB
+  weights, 84 s for 16, 156 s for 64, 270 s for 140; on 8 nodes 61, 63, 72 and 86 s).
   `notice_save_s` replaces that with one save time for every job (a what-if, not a model: with
   a second or so, pre-emption costs next to nothing, which bounds what its cost explains).
 - Arrivals: one Poisson process whose rate follows a daily cycle (+-`diurnal`), domains
@@ -49,9 +50,11 @@ TRAIN_STATE_X = 3.0  # a training checkpoint is weights + Adam's two moments: 3x
 NOTICE_OVERHEAD_S = 60.0  # on top of the write: finishing the current step, flushing, exiting (counted as lost, though the step's work is kept)
 
 
-def notice_save_s(kind: str, checkpoint_gb: float) -> float | None:
-    """How long a job of `kind` takes to save on notice (None: it does not, it keeps only its cadence saves)."""
-    return NOTICE_OVERHEAD_S + TRAIN_STATE_X * checkpoint_gb / STORAGE_GBPS if SAVES_ON_NOTICE[kind] else None
+def notice_save_s(kind: str, checkpoint_gb: float, nodes: int = 1) -> float | None:
+    """How long a job of `kind` on `nodes` nodes takes to save on notice (None: it does not, it
+    keeps only its cadence saves). Each node writes its shard of the state at `STORAGE_GBPS`, the
+    rate each unit loads at (a sharded checkpoint: every rank writes its own part)."""
+    return NOTICE_OVERHEAD_S + TRAIN_STATE_X * checkpoint_gb / (STORAGE_GBPS * nodes) if SAVES_ON_NOTICE[kind] else None
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ def _job(rng: random.Random, d: DomainSpec, kind: str, jid: str, t: float, save_
         worker = WorkUnit("rollout", Resources(cpus=6 * d.worker_gpus, mem_gb=64 * d.worker_gpus, gpus=d.worker_gpus))
         units = (worker,) * workers + (WorkUnit("sandbox", SANDBOX, loads_checkpoint=False),) * pools
     return Job(jid, d.name, units, d.priority, d.checkpoint_gb, f"{d.name}/policy", True, t, CHECKPOINT_EVERY_S[kind],
-               notice_save_s(kind, d.checkpoint_gb) if save_s is None else save_s, elastic=kind != "train"), work
+               notice_save_s(kind, d.checkpoint_gb, len(units)) if save_s is None else save_s, elastic=kind != "train"), work
 
 
 def _gpu_seconds(job: Job, work: float) -> float:
