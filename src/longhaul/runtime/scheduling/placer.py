@@ -125,7 +125,8 @@ PRESETS = {
     # jobs of domains over theirs at once; training runs are told and save, other victims must have saved since they
     # (re)started, and only kills count against max_preemptions (none here: a cap made evicted jobs immune and the error rose
     # 0.085 -> 0.101). A search first weighs the victims killed at once (`instant_first`: no head waits for a save) and the
-    # floor is 12%. Full runs (docs/scheduling.md): fairness 0.089 -> 0.084 and 0.101 -> 0.088, p99 277 and 155 min (FIFO 352, 199)
+    # floor is 12%. Rollout batches run as their workers (`split_elastic`). Full runs (docs/scheduling.md): fairness 0.070
+    # and 0.070 (0.079 and 0.087 with batches whole), p99 278 and 193 min (FIFO 352, 199)
     "longhaul": PlacerConfig(fair_preempt_after_s=0.0, entitled_preempt=True, preempt_keeps_progress=True, notice=True,
                              max_preemptions=None, preempt_tries=64, usage_half_life_s=5400.0, hold_for_first=True,
                              min_class_share=0.12, queue_order="smallest", instant_first=True, split_elastic=True),
