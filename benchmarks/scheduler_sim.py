@@ -32,8 +32,8 @@ from longhaul.eval.svg import bar_chart, line_chart
 from longhaul.runtime.progress import console, progress_bar
 from longhaul.runtime.scheduling import cluster_sim
 from longhaul.runtime.scheduling.placer import PRESETS, PlacerConfig
-from longhaul.runtime.scheduling.workload import (CHECKPOINT_EVERY_S, NOTICE_OVERHEAD_S, SAVES_ON_NOTICE, STORAGE_GBPS, TRAIN_STATE_X,
-                                                  WorkloadSpec, make_workload)
+from longhaul.runtime.scheduling.workload import (CHECKPOINT_EVERY_S, NOTICE_OVERHEAD_S, REPLICA_LEAVE_S, SAVES_ON_NOTICE,
+                                                  STORAGE_GBPS, TRAIN_STATE_X, WorkloadSpec, make_workload)
 
 GPU_WORKER_CPUS_PER_GPU = 6  # what the workload's GPU workers ask (workload._job): the placer keeps that many beside a free GPU
 
@@ -117,6 +117,9 @@ def _assumptions(spec: WorkloadSpec, workload: dict, tick_s: float) -> list[str]
             (f"told of a pre-emption, {', '.join(k for k, v in SAVES_ON_NOTICE.items() if v)} runs save everything instead "
              f"({TRAIN_STATE_X:g}x the checkpoint at {STORAGE_GBPS:g} GB/s + {NOTICE_OVERHEAD_S:g} s, holding their GPUs meanwhile)"
              if spec.notice_save_s is None else f"what-if: told of a pre-emption, every job saves everything in {spec.notice_save_s:g} s"),
+            *([f"training runs are data-parallel replicas a node: with split_elastic they grow and shrink; a replica leaving or "
+               f"joining costs its peers {REPLICA_LEAVE_S:g} s to regroup, one joining copies {TRAIN_STATE_X:g}x the checkpoint from a "
+               f"peer, the last one saves alone"] if spec.replicated_training else []),
             f"one placer pass every {tick_s:g} s; seed {spec.seed}"]
 
 
@@ -173,6 +176,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--notice-save-s", type=float, default=None,
                     help="what-if: every job saves on notice in this many seconds (1: pre-emption nearly free); default: as modelled")
+    ap.add_argument("--replicated-training", action="store_true",
+                    help="training runs are data-parallel replicas a node that a placer with split_elastic grows and shrinks "
+                         "(measured, not the default: docs/scheduling.md)")
     ap.add_argument("--tick", type=float, default=cluster_sim.TICK_S, help="seconds between placer passes")
     ap.add_argument("--policies", default="longhaul,fifo,fifo_backfill",
                     help="presets, optionally with overrides: longhaul[fair_preempt_after_s=600;preempt=false]")
@@ -187,7 +193,7 @@ def main(argv=None) -> dict:
     if args.warmup >= args.hours:
         raise SystemExit(f"error: --warmup {args.warmup:g} must be shorter than --hours {args.hours:g}")
     spec = WorkloadSpec(nodes=args.nodes, racks=args.racks, domains=args.domains, hours=args.hours, warmup_hours=args.warmup,
-                        load=args.load, seed=args.seed, notice_save_s=args.notice_save_s)
+                        load=args.load, seed=args.seed, notice_save_s=args.notice_save_s, replicated_training=args.replicated_training)
     workload, results = run_policies(spec, policies, args.tick)
     print_table(results)
     verdict = goal(results)

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from longhaul.runtime.scheduling.cluster import Cluster, Node, Resources
-from longhaul.runtime.scheduling.placement import Job, WorkUnit
+from longhaul.runtime.scheduling.placement import Job, Replica, WorkUnit
 from longhaul.runtime.scheduling.placer import PRESETS, Placer, PlacerConfig
 from scheduling_helpers import check_books
 
@@ -34,9 +34,9 @@ units_st = st.tuples(st.floats(0, 12).map(lambda x: round(x, 3)), st.integers(0,
 job_st = st.tuples(st.lists(units_st, min_size=1, max_size=4), st.integers(0, 2), st.floats(0, 200), st.booleans(),
                    st.sampled_from([None, 0.0, 40.0, 500.0]),  # its save on notice (handover.py)
                    st.sampled_from([None, 30.0, 300.0]),  # how often it saves (victims that keep progress)
-                   st.booleans())  # elastic: with split_elastic, queued as one shard a unit
+                   st.sampled_from(["gang", "elastic", "replicas"]))  # with split_elastic, the last two queue one shard a unit
 op_st = st.one_of(st.tuples(st.just("submit"), job_st), st.tuples(st.just("release"), st.integers(0, 10**6)),
-                  st.tuples(st.just("tick"), st.floats(0, 400)))
+                  st.tuples(st.just("tick"), st.floats(0, 400)), st.tuples(st.just("withdraw"), st.integers(0, 10**6)))
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -54,14 +54,17 @@ def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds, entit
     now, n = 0.0, 0
     for op, arg in ops:
         if op == "submit":
-            units, prio, ckpt, preemptible, notice, every, elastic = arg
+            units, prio, ckpt, preemptible, notice, every, kind = arg
+            replica = Replica(10.0, notice) if kind == "replicas" else None
             job = Job(f"j{n}", f"d{n % 2}", tuple(WorkUnit("w", Resources(*u)) for u in units), prio, ckpt, f"c{n % 3}", preemptible, now,
-                      checkpoint_every_s=every, notice_save_s=notice, elastic=elastic)
+                      checkpoint_every_s=every, notice_save_s=notice, elastic=kind != "gang", replica=replica)
             parts = placer.submit(job, now)
-            assert len(parts) == (len(units) if split and elastic else 1) and all(q.id in placer.jobs for q in parts)
+            assert len(parts) == (len(units) if split and kind != "gang" else 1) and all(q.id in placer.jobs for q in parts)
             n += 1
         elif op == "release" and placer.running:
             placer.release(sorted(placer.running)[arg % len(placer.running)])
+        elif op == "withdraw" and placer.jobs:  # a replica whose run finished (the head of a handover, too)
+            placer.withdraw(sorted(placer.jobs)[arg % len(placer.jobs)])
         else:
             now += arg
         for what, run in placer.schedule(now):
@@ -70,6 +73,8 @@ def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds, entit
             if what == "notice":  # saving: it holds its resources, out of the queue, not running
                 assert run.job.id in placer.stopping and run.job.notice_save_s is not None
         check_books(placer, len(nodes))
+        assert placer.replicas_running == {b: {j for j, r in placer.running.items() if r.job.batch == b and r.job.replica}
+                                           for b in {r.job.batch for r in placer.running.values() if r.job.replica and r.job.batch}}
 
 
 def test_higher_priority_preempts_after_its_grace_period():

@@ -15,6 +15,14 @@ save ends: at most one tick more), and the head that evicted it starts (and load
 A placer with `split_elastic` queues a rollout batch (`Job.elastic`) as its shards, one worker
 each: every shard works the batch's whole duration on its share of the episodes, from when it
 starts, and the batch has waited as long as its longest-waiting shard.
+A replicated training run (`Job.replica`, `WorkloadSpec.replicated_training`) queued as its
+replicas shares one pool of work: it progresses at the pace of the replicas that have joined
+(loaded; a replica joining working peers copies the whole state from one), every join or leave
+costs the replicas working `Replica.leave_s` to regroup (lost GPU time, reported apart too), a
+replica that leaves while a peer works loses nothing else, and the last one saves on notice or
+falls back to the run's last save (every checkpoint interval of the whole run's pace). The run
+ends when its work is done, and its replicas still queued are withdrawn; it has waited while
+no replica of it ran.
 
 Measured over [warm-up, end]:
 - utilisation: time-averaged allocated fraction of GPUs and CPUs; goodput: GPU time spent
@@ -56,7 +64,7 @@ from dataclasses import dataclass, field
 from longhaul.runtime.scheduling.cluster import Cluster
 from longhaul.runtime.scheduling.entitlement import water_fill  # the measure's split is the placer's estimate's
 from longhaul.runtime.scheduling.placer import Placer, PlacerConfig, Running
-from longhaul.runtime.scheduling.workload import STORAGE_GBPS, DomainSpec, SimJob
+from longhaul.runtime.scheduling.workload import STORAGE_GBPS, TRAIN_STATE_X, DomainSpec, SimJob
 
 LOCAL_GBPS, RACK_GBPS, REMOTE_GBPS = 20.0, 10.0, STORAGE_GBPS
 CROSS_RACK_LARGE, CROSS_RACK_SMALL = 0.10, 0.02
@@ -108,6 +116,24 @@ class _Ledger:
         self.queued[d] = max(0.0, self.queued[d] + queued)
 
 
+@dataclass
+class _Replicated:
+    """One replicated training run (`Job.replica`) queued as its replicas: the progress they share."""
+    shards: int  # replicas it asks for
+    work: float  # replica-seconds of work left (at full pace)
+    every: float  # replica-seconds between its cadence saves
+    since: float  # when `work` was last brought up to date
+    idle_since: float | None  # when it last had no replica running (None: one runs)
+    done: float = 0.0  # replica-seconds done
+    saved: float = 0.0  # of those, done by its last save
+    working: dict = field(default_factory=dict)  # replica that has joined (loaded) -> (its GPUs, its rack, when it joined)
+    paused_until: float = -math.inf  # its replicas regroup (a replica joined or left) until then
+    slow: float = 1.0
+    token: int = 0
+    delay: float = 0.0  # time it had no replica running (its queueing delay)
+    finished: bool = False
+
+
 def _slowdown(run: Running, cluster: Cluster) -> float:
     racks = {cluster.rack_of[i] for u, i in zip(run.job.units, run.nodes) if u.loads_checkpoint}
     alpha = CROSS_RACK_LARGE if run.job.checkpoint_gb >= 32 else CROSS_RACK_SMALL
@@ -130,6 +156,8 @@ class Simulation:
         self.remaining = {j.job.id: j.work_s for j in jobs}
         self.parts: dict[str, list[str]] = {}  # job queued as shards (split_elastic) -> their ids
         self.unfinished: dict[str, int] = {}  # job -> its shards not yet finished
+        self.runs: dict[str, _Replicated] = {}  # replicated training run queued as its replicas -> their shared progress
+        self.resize_gpu_s = 0.0  # GPU time replicas spent regrouping (counted in lost_gpu_s too)
         self.events: list = []  # (time, seq, job id, run token)
         self.token: dict[str, int] = {}
         self.seq = 0
@@ -161,17 +189,33 @@ class Simulation:
     def _shares(self, job) -> dict:
         return {"gpu": job.total[2] / self.cluster.total[2], "dominant": self.placer.dominant(job)}
 
+    def _push(self, t: float, jid: str, token: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, jid, token))
+
     def _on_start(self, run: Running, now: float) -> None:
         jid = run.job.id
-        load, slow = _load_s(run), _slowdown(run, self.cluster)
+        rr = self.runs.get(run.job.batch) if run.job.replica is not None else None
+        load, slow = (self._join_load_s(run, rr), rr.slow) if rr else (_load_s(run), _slowdown(run, self.cluster))
         self.started_at[jid] = (now, load, slow)
         run.working_from, run.pace = now + load, slow  # what the job reports: the placer reads its checkpoint times from them
         queued_at, shares = self.queued_since.pop(jid), self._shares(run.job)
         self.wait[jid] += now - queued_at
         self.wait_spans.append((run.job.domain, shares["gpu"], queued_at, now, self.remaining[jid]))
         self.token[jid] = self.token.get(jid, 0) + 1
-        self.seq += 1
-        heapq.heappush(self.events, (now + load + self.remaining[jid] * slow, self.seq, jid, self.token[jid]))
+        if rr and rr.finished:  # requeued after its save and restarted in the same pass, though its run is done
+            for m, share in shares.items():
+                self.ledgers[m].change(run.job.domain, now, queued=-share)
+            self.started_at.pop(jid)
+            self.placer.release(jid, now)
+            return
+        if rr:  # it joins its run once loaded; the run, not the replica, finishes
+            if rr.idle_since is not None:
+                rr.delay += now - rr.idle_since
+                rr.idle_since = None
+            self._push(now + load, jid, self.token[jid])
+        else:
+            self._push(now + load + self.remaining[jid] * slow, jid, self.token[jid])
         for m, share in shares.items():
             self.ledgers[m].change(run.job.domain, now, held=share, queued=-share)
 
@@ -183,17 +227,27 @@ class Simulation:
     def _on_notice(self, run: Running, now: float) -> None:
         """Told to save: all its work so far is kept; it holds its GPUs until `_on_stop`."""
         jid = run.job.id
+        self.token[jid] = self.token.get(jid, 0) + 1  # its finish (or join) event is void
+        self.told[jid] = now
+        if run.job.replica is not None and run.job.batch in self.runs:  # it saves the run's state, if it holds the only copy
+            self.started_at.pop(jid)
+            self._leave(run, now, saves=True)
+            return
         worked, frac = self._worked(jid, now)
         self.remaining[jid] -= worked
         self.goodput_gpu_s += sum(u.needs.gpus for u in run.job.units) * worked * frac
-        self.token[jid] = self.token.get(jid, 0) + 1  # its finish event is void
-        self.told[jid] = now
 
     def _on_stop(self, run: Running, now: float, preempted: bool) -> None:
         jid = run.job.id
         gpus = sum(u.needs.gpus for u in run.job.units)
+        rr = self.runs.get(run.job.batch) if run.job.replica is not None else None
         if jid in self.told:  # it saved on notice: its work was kept then, the save is lost
             self.lost_gpu_s += gpus * self._in_window(self.told.pop(jid), now)
+            worked, frac = 0.0, 0.0
+        elif rr:  # its run's progress is the run's: a replica leaving costs its peers a regroup, the last one its unsaved work
+            self.started_at.pop(jid)
+            self.token[jid] = self.token.get(jid, 0) + 1
+            self._leave(run, now, saves=not preempted)
             worked, frac = 0.0, 0.0
         else:
             worked, frac = self._worked(jid, now)
@@ -207,6 +261,10 @@ class Simulation:
             self.queued_since[jid] = now
             if self.warmup <= now <= self.end:
                 self.preemptions += 1
+            if rr:
+                self.remaining[jid] = rr.work / rr.shards
+        elif rr:
+            pass  # counted finished with its run (_run_done)
         else:
             batch = run.job.batch
             if batch is None:
@@ -217,6 +275,98 @@ class Simulation:
         self.goodput_gpu_s += gpus * worked * frac
         for m, share in self._shares(run.job).items():
             self.ledgers[m].change(run.job.domain, now, held=-share, queued=share if preempted else 0.0)
+        if rr and preempted and rr.finished and jid in self.placer.jobs:  # its run finished while it saved: it does not queue again
+            self._withdraw(run.job, now)
+
+    # replicated training runs (Job.replica) queued as their replicas
+    def _join_load_s(self, run: Running, rr: _Replicated) -> float:
+        """A replica joining running peers copies the whole state from one (from the same rack at
+        `RACK_GBPS`, else at `REMOTE_GBPS`); the first loads the weights like any job."""
+        if not rr.working:
+            return _load_s(run)
+        rack = self.cluster.rack_of[run.nodes[0]]
+        near = any(r == rack for _, r, _ in rr.working.values())
+        return TRAIN_STATE_X * run.job.checkpoint_gb / (RACK_GBPS if near else REMOTE_GBPS)
+
+    def _settle(self, rr: _Replicated, now: float) -> None:
+        """Bring the run's work up to `now`: its joined replicas worked, except while they regrouped."""
+        gpus, n = sum(g for g, _, _ in rr.working.values()), len(rr.working)
+        pause_end = min(now, max(rr.since, rr.paused_until))
+        if n and pause_end > rr.since:
+            lost = gpus * self._in_window(rr.since, pause_end)
+            self.lost_gpu_s += lost
+            self.resize_gpu_s += lost
+        if n and now > pause_end:
+            step = min(rr.work, n * (now - pause_end) / rr.slow)
+            rr.work -= step
+            rr.done += step
+            rr.saved = max(rr.saved, math.floor(rr.done / rr.every) * rr.every)
+            self.goodput_gpu_s += gpus * self._in_window(pause_end, now) / rr.slow
+        rr.since = now
+
+    def _reschedule(self, batch: str, now: float) -> None:
+        rr = self.runs[batch]
+        rr.token += 1
+        if rr.working:
+            self._push(max(now, rr.paused_until) + rr.work * rr.slow / len(rr.working), batch, rr.token)
+
+    def _regroup(self, rr: _Replicated, run: Running, now: float, pause: bool = True) -> None:
+        """Its replicas changed: they regroup for the replica's `leave_s`, at the pace of their racks."""
+        if rr.working and pause:
+            rr.paused_until = max(rr.paused_until, now + run.job.replica.leave_s)
+        racks = {r for _, r, _ in rr.working.values()}
+        alpha = CROSS_RACK_LARGE if run.job.checkpoint_gb >= 32 else CROSS_RACK_SMALL
+        rr.slow = 1.0 + alpha * max(0, len(racks) - 1)
+
+    def _join(self, run: Running, now: float) -> None:
+        rr = self.runs[run.job.batch]
+        self._settle(rr, now)
+        peers = any(t < now for _, _, t in rr.working.values())  # replicas that join together form the group together
+        rr.working[run.job.id] = (run.job.total[2], self.cluster.rack_of[run.nodes[0]], now)
+        self._regroup(rr, run, now, pause=peers)
+        self._reschedule(run.job.batch, now)
+
+    def _leave(self, run: Running, now: float, saves: bool) -> None:
+        """A replica stops working (pre-empted, or told and saving): its peers regroup; if it was
+        the last one, its run keeps its work if it saves, else falls back to its last save."""
+        rr = self.runs[run.job.batch]
+        self._settle(rr, now)
+        if rr.working.pop(run.job.id, None) is not None:
+            self._regroup(rr, run, now)
+            if not rr.working and not saves:  # the only copy is gone: back to its last save
+                redo = rr.done - rr.saved
+                lost = run.job.total[2] * redo * rr.slow * self._in_window(now - redo * rr.slow, now) / max(redo * rr.slow, 1e-9)
+                self.lost_gpu_s += lost
+                self.goodput_gpu_s -= lost / rr.slow
+                rr.work += redo
+                rr.done = rr.saved
+            elif not rr.working:
+                rr.saved = rr.done
+        if not any(p in self.placer.running for p in self.parts[run.job.batch]):
+            rr.idle_since = now
+        self._reschedule(run.job.batch, now)
+
+    def _run_done(self, batch: str, now: float) -> None:
+        """The run's work is done: its replicas stop, those still queued are withdrawn."""
+        rr = self.runs[batch]
+        self._settle(rr, now)
+        rr.finished, rr.work = True, 0.0
+        self.finished += 1
+        for p in self.parts[batch]:
+            if p in self.placer.running:
+                self._on_stop(self.placer.release(p, now), now, preempted=False)
+            elif p in self.placer.jobs:
+                self._withdraw(self.placer.jobs[p], now)
+        rr.idle_since = None
+
+    def _withdraw(self, job, now: float) -> None:
+        self.placer.withdraw(job.id)
+        queued_at = self.queued_since.pop(job.id)
+        self.wait[job.id] += now - queued_at
+        shares = self._shares(job)
+        self.wait_spans.append((job.domain, shares["gpu"], queued_at, now, self.remaining[job.id]))
+        for m, share in shares.items():
+            self.ledgers[m].change(job.domain, now, queued=-share)
 
     def _arrive(self, sj: SimJob, now: float) -> None:
         parts = self.placer.submit(sj.job, now)
@@ -225,6 +375,9 @@ class Simulation:
             del self.remaining[sj.job.id]
             for p in parts:
                 self.jobs[p.id], self.remaining[p.id] = SimJob(p, sj.arrival, sj.work_s, sj.kind), sj.work_s
+            if sj.job.replica is not None:  # its replicas share one run's work
+                every = (sj.job.checkpoint_every_s or math.inf) * len(parts)
+                self.runs[sj.job.id] = _Replicated(len(parts), sj.work_s * len(parts), every, now, now)
         for p in parts:
             self.queued_since[p.id] = now
             for m, share in self._shares(p).items():
@@ -252,8 +405,15 @@ class Simulation:
                     k += 1
                 else:
                     _, _, jid, tok = heapq.heappop(self.events)
-                    if self.token.get(jid) == tok and jid in self.placer.running:
-                        self._on_stop(self.placer.release(jid, t), t, preempted=False)
+                    if jid in self.runs:  # a replicated run's work is done
+                        if self.runs[jid].token == tok and not self.runs[jid].finished:
+                            self._run_done(jid, t)
+                    elif self.token.get(jid) == tok and jid in self.placer.running:
+                        run = self.placer.running[jid]
+                        if run.job.replica is not None and run.job.batch in self.runs:  # a replica loaded: it joins
+                            self._join(run, t)
+                        else:
+                            self._on_stop(self.placer.release(jid, t), t, preempted=False)
             self._account(now)
             for what, run in self.placer.schedule(now):
                 if what == "start":
@@ -265,7 +425,12 @@ class Simulation:
             if progress is not None:
                 progress(now)
         self._account(self.end)
+        for rr in self.runs.values():  # work done so far by replicated runs still running at the end
+            if not rr.finished:
+                self._settle(rr, self.end)
         for jid, run in self.placer.running.items():  # work done so far by jobs still running at the end
+            if run.job.replica is not None and run.job.batch in self.runs:
+                continue
             start, load, slow = self.started_at[jid]
             frac = self._in_window(start, self.end) / max(self.end - start, 1e-9)
             self.goodput_gpu_s += sum(u.needs.gpus for u in run.job.units) * max(0.0, self.end - start - load) / slow * frac
@@ -282,8 +447,11 @@ class Simulation:
         for sj in self.arrivals:
             if not (self.warmup <= sj.arrival <= self.end):
                 continue
-            delay = max(self.wait[j] + (self.end - self.queued_since[j] if j in self.queued_since else 0.0)
-                        for j in self.parts.get(sj.job.id, (sj.job.id,)))
+            if (rr := self.runs.get(sj.job.id)) is not None:  # a replicated run waited while no replica of it ran
+                delay = rr.delay + (self.end - rr.idle_since if rr.idle_since is not None else 0.0)
+            else:
+                delay = max(self.wait[j] + (self.end - self.queued_since[j] if j in self.queued_since else 0.0)
+                            for j in self.parts.get(sj.job.id, (sj.job.id,)))
             out[None].append(delay)
             out[sj.job.priority].append(delay)
         return {k: sorted(v) for k, v in out.items()}
@@ -362,6 +530,7 @@ class Simulation:
                 "fairness_error_dominant": fair_dom, "fairness_error_capped": fair_capped, "fairness_error_capped_worst_window": fair_capped_max,
                 "gpu_utilisation_hourly": [self.gpu_hourly.get(h, 0.0) for h in hours],
                 "preemptions": self.preemptions, "preempted_gpu_hours_lost": self.lost_gpu_s / HOUR,
+                "replicas_regroup_gpu_hours": self.resize_gpu_s / HOUR,
                 "evictions_most_of_one_job": max(self.placer.evictions.values(), default=0),
                 "kills_most_of_one_job": max(self.placer.kills.values(), default=0),
                 "jobs_evicted_3_times_or_more": sum(n >= 3 for n in self.placer.evictions.values()), "jobs_in_window": len(delays),

@@ -23,7 +23,9 @@ taken from what is free, and at the start the victims' room and the claim add up
 what the head needs on each node. If they no longer do (a victim released early and its room
 went to another job), the head is an ordinary waiting head again. A victim still loading its
 checkpoint has nothing new to save and is killed at once, as are victims that would lose less
-that way (they saved a moment ago); so are all victims with `notice` off.
+that way (they saved a moment ago); so are all victims with `notice` off. A replica of a training run
+(`Job.replica`) whose peers work is killed too: they hold the whole state, so it has nothing to
+save, and evicting it costs their regroup, `Replica.leave_s` each.
 """
 
 from __future__ import annotations
@@ -48,14 +50,26 @@ def per_node(nodes: list[int], needs: list[tuple[int, int, int]]) -> dict[int, l
 
 
 class Handover:
+    def _with_peers(self, run: Running, now: float) -> int:
+        """How many replicas of `run`'s training run (`Job.replica`) work (loaded) beside it: its
+        peers hold the whole state, so evicting it costs only a regroup (`Replica.leave_s`)."""
+        if run.job.replica is None:
+            return 0
+        return sum(p != run.job.id and self._begun(self.running[p]) <= now for p in self.replicas_running.get(run.job.batch, ()))
+
     def _cadence_loss_s(self, run: Running, now: float) -> float:
-        """Wall seconds since `run` last saved at its cadence (or started: a load is lost too)."""
+        """Wall seconds since `run` last saved at its cadence (or started: a load is lost too); a
+        replica whose peers work loses only their regroup (they keep the state), counted in its own share."""
+        if peers := self._with_peers(run, now):  # they all regroup: the leave counts once for each of them
+            return run.job.replica.leave_s * peers
         every, work = run.job.checkpoint_every_s, self._worked_s(run, now)
         if not every or work < every:
             return now - run.started
         return (work % every) * run.pace
 
     def _saved_since_start(self, run: Running, now: float) -> bool:
+        if self._with_peers(run, now):  # its peers keep its work
+            return True
         every = run.job.checkpoint_every_s
         return bool(every) and self._worked_s(run, now) >= every
 
@@ -71,7 +85,7 @@ class Handover:
         """Whether evicting `run` now means telling it: it saves on notice, has begun working, and
         the save loses less than killing it (`loss`: its `_cadence_loss_s`, if known)."""
         save = run.job.notice_save_s
-        return (self.cfg.notice and save is not None and now > self._begun(run)
+        return (self.cfg.notice and save is not None and now > self._begun(run) and not self._with_peers(run, now)
                 and save < (self._cadence_loss_s(run, now) if loss is None else loss))
 
     def _tell(self, victims: list[Running], head: Job, nodes: list[int], now: float, log: list) -> None:
@@ -80,6 +94,7 @@ class Handover:
         for run in victims:
             jid = run.job.id
             del self.running[jid]
+            self._count_replica(run.job, -1)
             self._estimate_at_start.pop(jid, None)
             self._hold(run.job, -1, self.by_priority[run.rank].pop(jid, None) is not None, now)
             self.stopping[jid] = (run, now + run.job.notice_save_s)

@@ -39,6 +39,19 @@ class WorkUnit:
     loads_checkpoint: bool = True  # GPU workers load the policy's weights; sandbox pools do not
 
 
+@dataclass(frozen=True)
+class Replica:
+    """A training run whose nodes are data-parallel replicas, each holding the whole model and
+    optimizer state (sharded over the node's GPUs, replicated across nodes: HSDP, as fault-tolerant
+    trainers such as torchft run it). Run as `shards`, its replicas share one run: it progresses
+    at the pace of the replicas running, a replica that leaves while another runs loses only
+    `leave_s` (its step in flight, and its peers regroup), and one that joins copies the state
+    from a running peer. The last replica running holds the only copy: evicted, it saves (in
+    `save_s`, one node writing the whole state) or loses what it did since its last save."""
+    leave_s: float  # evicting a replica whose peers run costs this long (the run's step in flight and the regrouping)
+    save_s: float | None = None  # the last replica's save on notice (one node writes everything); None: as the job's
+
+
 @dataclass
 class Job:
     id: str
@@ -51,8 +64,9 @@ class Job:
     submitted: float = 0.0  # first submission time (kept across pre-emptions)
     checkpoint_every_s: float | None = None  # how often it saves its progress; None: a pre-emption loses all of it
     notice_save_s: float | None = None  # told it is pre-empted, it saves everything in this long, then exits (handover.py); None: it cannot
-    elastic: bool = False  # its checkpoint-loading units are independent workers (a rollout batch): it may run as `shards`
+    elastic: bool = False  # its checkpoint-loading units are independent workers (a rollout batch) or replicas (`replica`): it may run as `shards`
     batch: str | None = None  # a shard (`shards`): the id of the job it is part of
+    replica: Replica | None = None  # its units are data-parallel replicas of one training run (each holds the whole state): see `Replica`
 
     @cached_property
     def needs(self) -> list[tuple[int, int, int]]:
@@ -67,13 +81,15 @@ class Job:
 def shards(job: Job) -> tuple[Job, ...]:
     """An elastic job as one job per checkpoint-loading worker, ids `<id>#<k>`, the other units
     (sandbox pools) dealt to them in turn; the job itself when it is not elastic or has one worker.
-    Each shard asks what its units ask and lasts as long as the whole job (its worker serves its
-    share of the episodes); together they ask exactly what the job asks."""
+    A rollout batch's shard asks what its units ask and lasts as long as the whole job (its worker
+    serves its share of the episodes); a replicated training run's (`Job.replica`) are its
+    replicas, each saving alone in `Replica.save_s`. Together they ask exactly what the job asks."""
     workers = [u for u in job.units if u.loads_checkpoint]
     if not job.elastic or len(workers) < 2:
         return (job,)
     rest = [u for u in job.units if not u.loads_checkpoint]
-    return tuple(replace(job, id=f"{job.id}#{k}", units=(w, *rest[k::len(workers)]), elastic=False, batch=job.id)
+    save = job.replica.save_s if job.replica is not None and job.replica.save_s is not None else job.notice_save_s
+    return tuple(replace(job, id=f"{job.id}#{k}", units=(w, *rest[k::len(workers)]), elastic=False, batch=job.id, notice_save_s=save)
                  for k, w in enumerate(workers))
 
 

@@ -16,6 +16,9 @@ one worker each (`placement.shards`): they start as room frees and are pre-empte
 time, so a batch neither waits for room for all its workers nor loses them all to one eviction.
 A batch whose turn it is in the fair order keeps it while its next shard fits (it starts what
 fits of it, as the whole gang would have).
+A training run whose nodes are data-parallel replicas (`Job.replica`) is split the same way: its
+replicas start as room frees, and one whose peers work is killed, not told (they keep the state;
+evicting it costs their regroup), while the last one is told and saves.
 With `backfill`, a head that does not fit does not stop the pass: up to `domain_scan` jobs
 behind it in its domain, then other domains, are tried (`scan_limit` attempts a pass).
 With `hold_for_first`, a blocked head of the domain its priority's fair order serves first
@@ -181,6 +184,7 @@ class Placer(Preemption, Holds, Handover):
         self._failed_preempt: set = set()  # (shape, priority) that pre-emption could not place, likewise
         self.by_priority: dict[int, dict[str, Running]] = defaultdict(dict)  # running pre-emptible jobs
         self.class_held: dict[int, float] = defaultdict(float)  # priority class -> share its running jobs hold (for `min_class_share`)
+        self.replicas_running: dict[str, set[str]] = defaultdict(set)  # replicated training run (Job.replica) -> its shards running
 
     # queue
     def _key(self, job: Job) -> str:
@@ -282,6 +286,7 @@ class Placer(Preemption, Holds, Handover):
         self._dequeue(job)
         run = Running(job, list(nodes), now, load, rank)
         self.running[job.id] = run
+        self._count_replica(job, +1)
         if self.cfg.easy_backfill:
             self._estimate_at_start[job.id] = self.durations.expect(job)
         evictable = self._evictable(job)
@@ -295,6 +300,7 @@ class Placer(Preemption, Holds, Handover):
         pass): its resources go back; a finished run that was never pre-empted teaches the estimates."""
         now = self.clock if now is None else now
         run = self.running.pop(job_id)
+        self._count_replica(run.job, -1)
         self._estimate_at_start.pop(job_id, None)
         if finished and not self.evictions.get(job_id):
             self.durations.observe(run.job, now - run.started)
@@ -302,6 +308,22 @@ class Placer(Preemption, Holds, Handover):
         self._hold(run.job, -1, self.by_priority[run.rank].pop(job_id, None) is not None, now)
         self._failed.clear()
         return run
+
+    def _count_replica(self, job: Job, sign: int) -> None:
+        if job.replica is not None and job.batch is not None:
+            running = self.replicas_running[job.batch]
+            running.add(job.id) if sign > 0 else running.discard(job.id)
+            if not running:
+                del self.replicas_running[job.batch]
+
+    def withdraw(self, job_id: str) -> None:
+        """Take a queued job out (a replica of a training run that finished without it); a head
+        awaiting its victims' saves gives back the room it claimed."""
+        if job_id in self.awaiting:
+            del self.awaiting[job_id]
+            self.c.release(job_id)
+            self._failed.clear()
+        self._dequeue(self.jobs[job_id])
 
     # one pass
     def schedule(self, now: float) -> list[tuple[str, Running]]:

@@ -13,7 +13,9 @@ in the policy. What it models:
   lognormal duration, median 15 min, sigma 1), evaluations (25%: one worker, twice the pools,
   median 8 min, sigma 0.8) and training runs (5%: 1/2/4/8 whole GPU nodes, median 2 h,
   sigma 0.7). Rollout batches and evaluations are elastic (`Job.elastic`: their workers are
-  independent; a placer with `split_elastic` runs them as shards), training runs are gangs.
+  independent; a placer with `split_elastic` runs them as shards), training runs are gangs
+  (with `replicated_training`, data-parallel replicas a node, `placement.Replica`, which such a
+  placer grows and shrinks: a replica leaving or joining costs its peers `REPLICA_LEAVE_S`).
   Durations are clipped to [1 min, 24 h]. Work survives pre-emption at a checkpoint every 5 min
   (rollouts, evaluations) or 30 min (training); a training run told of its pre-emption saves
   everything instead, in `notice_save_s`: its weights and Adam state (3x the
@@ -36,7 +38,7 @@ import random
 from dataclasses import dataclass
 
 from longhaul.runtime.scheduling.cluster import Node, Resources
-from longhaul.runtime.scheduling.placement import Job, WorkUnit
+from longhaul.runtime.scheduling.placement import Job, Replica, WorkUnit
 
 MODELS = ((3.0, 1, 0.3), (16.0, 1, 0.4), (64.0, 4, 0.2), (140.0, 8, 0.1))  # (checkpoint GB, GPUs a worker, probability)
 GPU_NODE = Resources(cpus=96, mem_gb=1024, gpus=8)
@@ -47,6 +49,7 @@ CHECKPOINT_EVERY_S = {"rollout": 300.0, "eval": 300.0, "train": 1800.0}  # work 
 SAVES_ON_NOTICE = {"rollout": False, "eval": False, "train": True}  # told of a pre-emption, it saves everything (SIGTERM -> checkpoint)
 STORAGE_GBPS = 2.0  # shared storage, read (cluster_sim.REMOTE_GBPS) and written alike
 TRAIN_STATE_X = 3.0  # a training checkpoint is weights + Adam's two moments: 3x the weights
+REPLICA_LEAVE_S = 30.0  # a replica of a replicated training run leaving or joining: its peers drop the step in flight and regroup
 NOTICE_OVERHEAD_S = 60.0  # on top of the write: finishing the current step, flushing, exiting (counted as lost, though the step's work is kept)
 
 
@@ -68,6 +71,7 @@ class WorkloadSpec:
     diurnal: float = 0.35  # arrival rate swings +-35% over a day
     sweep_prob: float = 0.03
     seed: int = 0
+    replicated_training: bool = False  # training runs are data-parallel replicas a node (placement.Replica): a placer with split_elastic grows and shrinks them (measured, not kept: docs/scheduling.md)
     notice_save_s: float | None = None  # a what-if: every job, whatever its kind, saves on notice in this long (near 0: pre-emption costs next to nothing); None: as modelled
 
 
@@ -112,7 +116,8 @@ def make_domains(spec: WorkloadSpec, rng: random.Random) -> list[DomainSpec]:
     return out
 
 
-def _job(rng: random.Random, d: DomainSpec, kind: str, jid: str, t: float, save_s: float | None = None) -> tuple[Job, float]:
+def _job(rng: random.Random, d: DomainSpec, kind: str, jid: str, t: float, save_s: float | None = None,
+         replicated: bool = False) -> tuple[Job, float]:
     median, sigma = next((m, s) for k, _, m, s in KINDS if k == kind)
     work = min(max(rng.lognormvariate(math.log(median), sigma), 60.0), 24 * 3600.0)
     if kind == "train":
@@ -122,8 +127,12 @@ def _job(rng: random.Random, d: DomainSpec, kind: str, jid: str, t: float, save_
         pools = max(1, round(workers * d.sandbox_per_worker * (2 if kind == "eval" else 1)))
         worker = WorkUnit("rollout", Resources(cpus=6 * d.worker_gpus, mem_gb=64 * d.worker_gpus, gpus=d.worker_gpus))
         units = (worker,) * workers + (WorkUnit("sandbox", SANDBOX, loads_checkpoint=False),) * pools
+    replica = None
+    if kind == "train" and replicated:  # a replica alone saves the whole state from one node
+        replica = Replica(REPLICA_LEAVE_S, notice_save_s(kind, d.checkpoint_gb, 1) if save_s is None else save_s)
     return Job(jid, d.name, units, d.priority, d.checkpoint_gb, f"{d.name}/policy", True, t, CHECKPOINT_EVERY_S[kind],
-               notice_save_s(kind, d.checkpoint_gb, len(units)) if save_s is None else save_s, elastic=kind != "train"), work
+               notice_save_s(kind, d.checkpoint_gb, len(units)) if save_s is None else save_s,
+               elastic=kind != "train" or replica is not None, replica=replica), work
 
 
 def _gpu_seconds(job: Job, work: float) -> float:
@@ -153,7 +162,7 @@ def make_jobs(spec: WorkloadSpec, domains: list[DomainSpec], rng: random.Random)
         kind = rng.choices(kinds, kind_p)[0]
         count = rng.randint(5, 40) if rng.random() < spec.sweep_prob else 1
         for _ in range(count):
-            job, work = _job(rng, d, kind, f"j{len(out):06d}", t, spec.notice_save_s)
+            job, work = _job(rng, d, kind, f"j{len(out):06d}", t, spec.notice_save_s, spec.replicated_training)
             out.append(SimJob(job, t, work, kind))
 
 
