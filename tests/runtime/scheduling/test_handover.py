@@ -238,3 +238,15 @@ def test_only_kills_count_against_max_preemptions(notice):
     second = _what(p.schedule(400.0))
     assert second == ([("notice", "train")] if notice else [])  # killed once: no longer evictable
     assert p.evictions["train"] == (2 if notice else 1) and p.kills["train"] == (0 if notice else 1)
+
+
+def test_the_simulator_runs_on_while_a_told_victim_saves_after_the_last_event():
+    # g is told at 1000 and saves until 1500; its voided finish (1100) is the last event: the replay still ticks
+    # through the save, hands g back and finishes both (it crashed on ceil(inf) once nothing but a save was left)
+    jobs = [_sim_job("g", 0.0, 1100.0, "a", 0, notice_save_s=500.0), _sim_job("h", 1000.0, 100.0, "b", 1)]
+    cfg = PRESETS["longhaul"].model_copy(update={"preempt_after_s": 0.0, "min_class_share": 0.0, "reserve_after_s": None})
+    domains = [DomainSpec("a", 1.0, 0, 1.0, 0.0, 8, 1.0), DomainSpec("b", 1.0, 1, 1.0, 0.0, 8, 1.0)]
+    r = simulate([Node("n", NODE, "r")], domains, jobs, cfg, 0.0, 3000.0, tick_s=10.0)
+    assert r["jobs_finished"] == 2 and r["preemptions"] == 1
+    assert r["preempted_gpu_hours_lost"] == pytest.approx(8 * 500.0 / 3600)
+    assert r["gpu_goodput"] == pytest.approx(8 * (1100 + 100) / 24000.0)

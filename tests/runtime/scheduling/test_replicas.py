@@ -43,12 +43,18 @@ def test_shards_of_a_replicated_run_are_its_replicas_each_saving_alone():
     assert shards(dataclasses.replace(_run(), elastic=False)) == (dataclasses.replace(_run(), elastic=False),)
 
 
-def test_a_replica_whose_peers_work_is_killed_and_the_last_one_is_told():
+def _working_run() -> Placer:
+    """Two nodes, both working replicas of one run (loaded at 0)."""
     p = Placer(Cluster(_nodes(2)), _cfg())
     p.submit(_run(), 0.0)
     p.schedule(0.0)
     for r in p.running.values():
         r.working_from = 0.0
+    return p
+
+
+def test_a_replica_whose_peers_work_is_killed_and_the_last_one_is_told():
+    p = _working_run()
     p.submit(_other("high", 600.0, preemptible=False), 600.0)
     log = p.schedule(600.0)
     # a peer keeps the state: killing one loses its 20 s leave, not the 600 s since it started, and it kept its progress
@@ -136,3 +142,38 @@ def test_the_workload_marks_training_runs_as_replicas_and_nothing_else_changes()
             assert j.job.elastic and j.job.replica == Replica(30.0, notice_save_s("train", ckpt[j.job.domain], 1))
             assert not g.job.elastic and g.job.replica is None
         assert j.job.notice_save_s == g.job.notice_save_s
+
+
+def test_the_last_replica_is_priced_by_its_runs_saves_not_its_own_clock():
+    # one node: one replica works alone from 0; the run saves every 2 x 1800 replica-s, so at 1850 nothing is saved. The
+    # replica reports that (Running.saved_at): killing it would lose 1850 s, so it is told and saves in 60 s
+    jobs = [SimJob(_run(save_s=60.0), 0.0, 3000.0, "train"), SimJob(_other("high", 1850.0), 1850.0, 100.0, "rollout")]
+    r = simulate(_nodes(1), DOMAINS, jobs, _cfg(reserve_after_s=None), 0.0, 20000.0, tick_s=10.0)
+    assert r["preemptions"] == 1 and r["jobs_finished"] == 2
+    assert r["preempted_gpu_hours_lost"] == pytest.approx(8 * 60.0 / 3600)
+    assert r["gpu_goodput"] == pytest.approx(8 * (6000 + 100) / (8 * 20000.0))
+
+
+def test_evicting_every_working_replica_of_a_run_tells_the_last_one():
+    p = _working_run()
+    p.submit(Job("wide", "b", (TRAINER, TRAINER), 1, 0.0, "b/w", False, 600.0, 300.0), 600.0)
+    # each replica has a peer, but the peer goes too: one is killed, the other holds the only copy and saves
+    assert [(w, r.job.id) for w, r in p.schedule(600.0)] == [("preempt", "train#1"), ("notice", "train#0")]
+
+
+def test_replicas_rejoining_an_idle_run_form_their_group_at_no_cost():
+    wide = Job("wide", "b", (TRAINER, TRAINER), 1, 0.0, "b/w", True, 100.0, 300.0)
+    jobs = [SimJob(_run(), 0.0, 1000.0, "train"), SimJob(wide, 100.0, 5.0, "rollout")]
+    r = simulate(_nodes(2), DOMAINS, jobs, _cfg(reserve_after_s=None), 0.0, 5000.0, tick_s=10.0)
+    assert r["preemptions"] == 2 and r["replicas_regroup_gpu_hours"] == 0.0  # no stale regroup from before they left
+
+
+def test_a_rollback_loses_exactly_the_work_since_the_runs_last_save():
+    # notice off; both replicas work from 0 (1800 replica-s by 900); h1 kills one at 900 (its peer regroups to 920, then
+    # works alone: 80 more by 1000); h2 kills the last at 1000: the 1880 replica-s since the start are lost (no save yet,
+    # every 3600), 8 x 1880 GPU-s, with the 160 GPU-s of the regroup
+    pinned = [Job(j, "b", (TRAINER,), 1, 0.0, "b/w", False, t, 300.0) for j, t in (("h1", 900.0), ("h2", 1000.0))]
+    jobs = [SimJob(_run(), 0.0, 5000.0, "train")] + [SimJob(j, j.submitted, 9000.0, "rollout") for j in pinned]
+    r = simulate(_nodes(2), DOMAINS, jobs, _cfg(notice=False, reserve_after_s=None), 0.0, 2000.0, tick_s=10.0)
+    assert r["preempted_gpu_hours_lost"] == pytest.approx((8 * 1880 + 160) / 3600)
+    assert r["gpu_goodput"] == pytest.approx(8 * (1100 + 1000) / (16 * 2000.0))

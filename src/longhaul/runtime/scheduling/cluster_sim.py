@@ -132,6 +132,9 @@ class _Replicated:
     token: int = 0
     delay: float = 0.0  # time it had no replica running (its queueing delay)
     finished: bool = False
+    unsaved_gpu: float = 0.0  # in-window GPU time its work since its last save took (lost if the last replica is killed)
+    unsaved_good: float = 0.0  # the goodput that work was credited
+    clean_at: float = math.inf  # since when its work is unsaved (inf: nothing unsaved)
 
 
 def _slowdown(run: Running, cluster: Cluster) -> float:
@@ -300,9 +303,28 @@ class Simulation:
             step = min(rr.work, n * (now - pause_end) / rr.slow)
             rr.work -= step
             rr.done += step
-            rr.saved = max(rr.saved, math.floor(rr.done / rr.every) * rr.every)
-            self.goodput_gpu_s += gpus * self._in_window(pause_end, now) / rr.slow
+            end = pause_end + step * rr.slow / n  # `now`, unless its work ran out first (a done event not yet handled)
+            good = gpus * self._in_window(pause_end, end) / rr.slow
+            self.goodput_gpu_s += good
+            saved = math.floor(rr.done / rr.every) * rr.every
+            if saved > rr.saved:  # a cadence save fell in this stretch: only the work after it is unsaved
+                rr.saved, rr.unsaved_gpu, rr.unsaved_good = saved, 0.0, 0.0
+                rr.clean_at = pause_end = end - (rr.done - saved) * rr.slow / n
+                good = gpus * self._in_window(pause_end, end) / rr.slow
+            rr.unsaved_gpu += good * rr.slow
+            rr.unsaved_good += good
         rr.since = now
+
+    def _report_saves(self, now: float) -> None:
+        """Replicas report their run's last save (the placer prices evicting the last one by it)."""
+        for batch, rr in self.runs.items():
+            if rr.finished:
+                continue
+            if rr.working:
+                self._settle(rr, now)
+            for p in self.parts[batch]:
+                if p in self.placer.running:
+                    self.placer.running[p].saved_at = rr.clean_at
 
     def _reschedule(self, batch: str, now: float) -> None:
         rr = self.runs[batch]
@@ -322,6 +344,8 @@ class Simulation:
         rr = self.runs[run.job.batch]
         self._settle(rr, now)
         peers = any(t < now for _, _, t in rr.working.values())  # replicas that join together form the group together
+        if not rr.working:  # the first: the run's work is unsaved from its start (its load is lost too, as a gang's)
+            rr.clean_at = run.started
         rr.working[run.job.id] = (run.job.total[2], self.cluster.rack_of[run.nodes[0]], now)
         self._regroup(rr, run, now, pause=peers)
         self._reschedule(run.job.batch, now)
@@ -334,14 +358,14 @@ class Simulation:
         if rr.working.pop(run.job.id, None) is not None:
             self._regroup(rr, run, now)
             if not rr.working and not saves:  # the only copy is gone: back to its last save
-                redo = rr.done - rr.saved
-                lost = run.job.total[2] * redo * rr.slow * self._in_window(now - redo * rr.slow, now) / max(redo * rr.slow, 1e-9)
-                self.lost_gpu_s += lost
-                self.goodput_gpu_s -= lost / rr.slow
-                rr.work += redo
+                self.lost_gpu_s += rr.unsaved_gpu
+                self.goodput_gpu_s -= rr.unsaved_good
+                rr.work += rr.done - rr.saved
                 rr.done = rr.saved
             elif not rr.working:
                 rr.saved = rr.done
+            if not rr.working:
+                rr.paused_until, rr.unsaved_gpu, rr.unsaved_good, rr.clean_at = -math.inf, 0.0, 0.0, math.inf
         if not any(p in self.placer.running for p in self.parts[run.job.batch]):
             rr.idle_since = now
         self._reschedule(run.job.batch, now)
@@ -392,8 +416,8 @@ class Simulation:
         k, last = 0, -math.inf
         while k < len(self.arrivals) or self.events or self.placer.queued() or self.placer.stopping:
             first = self._next_time(k)
-            now = math.ceil(first / self.tick) * self.tick if self.tick else first
-            if self.tick and self.placer.queued():  # waiting jobs: a pass every tick (grace periods run out between events)
+            now = math.ceil(first / self.tick) * self.tick if self.tick and first < math.inf else first
+            if self.tick and (self.placer.queued() or self.placer.stopping):  # waiting jobs: a pass every tick (grace periods run out between events)
                 now = min(now, last + self.tick)
             if now > self.end or now == math.inf:
                 break
@@ -415,6 +439,7 @@ class Simulation:
                         else:
                             self._on_stop(self.placer.release(jid, t), t, preempted=False)
             self._account(now)
+            self._report_saves(now)
             for what, run in self.placer.schedule(now):
                 if what == "start":
                     self._on_start(run, now)

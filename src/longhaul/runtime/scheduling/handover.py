@@ -50,18 +50,22 @@ def per_node(nodes: list[int], needs: list[tuple[int, int, int]]) -> dict[int, l
 
 
 class Handover:
-    def _with_peers(self, run: Running, now: float) -> int:
-        """How many replicas of `run`'s training run (`Job.replica`) work (loaded) beside it: its
-        peers hold the whole state, so evicting it costs only a regroup (`Replica.leave_s`)."""
+    def _with_peers(self, run: Running, now: float, leaving=()) -> int:
+        """How many replicas of `run`'s training run (`Job.replica`) work (loaded) beside it, not
+        counting those `leaving` with it: its peers hold the whole state, so evicting it costs only
+        a regroup (`Replica.leave_s`). One started in this pass has not loaded, whatever it reports."""
         if run.job.replica is None:
             return 0
-        return sum(p != run.job.id and self._begun(self.running[p]) <= now for p in self.replicas_running.get(run.job.batch, ()))
+        return sum(p != run.job.id and p not in leaving and self.running[p].started < now and self._begun(self.running[p]) <= now
+                   for p in self.replicas_running.get(run.job.batch, ()))
 
-    def _cadence_loss_s(self, run: Running, now: float) -> float:
+    def _cadence_loss_s(self, run: Running, now: float, leaving=()) -> float:
         """Wall seconds since `run` last saved at its cadence (or started: a load is lost too); a
         replica whose peers work loses only their regroup (they keep the state), counted in its own share."""
-        if peers := self._with_peers(run, now):  # they all regroup: the leave counts once for each of them
+        if peers := self._with_peers(run, now, leaving):  # they all regroup: the leave counts once for each of them
             return run.job.replica.leave_s * peers
+        if run.saved_at is not None:  # its run reports when it last saved (a replica: the run's saves, not its own clock)
+            return now - (run.started if now < self._begun(run) else run.saved_at)
         every, work = run.job.checkpoint_every_s, self._worked_s(run, now)
         if not every or work < every:
             return now - run.started
@@ -70,6 +74,8 @@ class Handover:
     def _saved_since_start(self, run: Running, now: float) -> bool:
         if self._with_peers(run, now):  # its peers keep its work
             return True
+        if run.saved_at is not None:
+            return run.started < run.saved_at <= now
         every = run.job.checkpoint_every_s
         return bool(every) and self._worked_s(run, now) >= every
 
@@ -81,12 +87,12 @@ class Handover:
     def _begun(run: Running) -> float:
         return run.started if run.working_from is None else run.working_from
 
-    def _told(self, run: Running, now: float, loss: float | None = None) -> bool:
+    def _told(self, run: Running, now: float, loss: float | None = None, leaving=()) -> bool:
         """Whether evicting `run` now means telling it: it saves on notice, has begun working, and
         the save loses less than killing it (`loss`: its `_cadence_loss_s`, if known)."""
         save = run.job.notice_save_s
-        return (self.cfg.notice and save is not None and now > self._begun(run) and not self._with_peers(run, now)
-                and save < (self._cadence_loss_s(run, now) if loss is None else loss))
+        return (self.cfg.notice and save is not None and now > self._begun(run) and not self._with_peers(run, now, leaving)
+                and save < (self._cadence_loss_s(run, now, leaving) if loss is None else loss))
 
     def _tell(self, victims: list[Running], head: Job, nodes: list[int], now: float, log: list) -> None:
         """Tell `victims` to save and exit; `head` awaits them on `nodes`, claiming the rest of what it needs there."""

@@ -147,6 +147,7 @@ class Running:
     priority: int | None = None  # what it runs as: its own priority, one higher if it started aged (None: its own)
     working_from: float | None = None  # when it began working, after loading its checkpoint, as the job reports it (None: at `started`)
     pace: float = 1.0  # wall seconds a second of work takes (a gang spread over racks runs slower), as the job reports it
+    saved_at: float | None = None  # since when its work is unsaved, as the job reports it (a replica: its run's); None: by its cadence from working_from
 
     @property
     def rank(self) -> int:

@@ -148,7 +148,14 @@ class Preemption:
             if not own:
                 self._failed_preempt.add(key)
             return False
-        told = [v for v in chosen if self._told(v, now)]  # they save first (handover.py); the others are killed now
+        gone, told, runs_told = {v.job.id for v in chosen}, [], set()
+        for v in chosen:  # they save first (handover.py); the others are killed now
+            # replicas whose working peers all go too: the last one holds the only copy, it is told like a lone one
+            last = v.job.replica is not None and v.job.batch not in runs_told
+            if self._told(v, now) or (last and self._told(v, now, leaving=gone)):
+                told.append(v)
+                if v.job.replica is not None:
+                    runs_told.add(v.job.batch)
         told_ids = {v.job.id for v in told}
         for victim in chosen:
             jid = victim.job.id
