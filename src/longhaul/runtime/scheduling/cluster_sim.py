@@ -160,6 +160,7 @@ class Simulation:
         self.parts: dict[str, list[str]] = {}  # job queued as shards (split_elastic) -> their ids
         self.unfinished: dict[str, int] = {}  # job -> its shards not yet finished
         self.runs: dict[str, _Replicated] = {}  # replicated training run queued as its replicas -> their shared progress
+        self.live_runs: dict[str, _Replicated] = {}  # those not finished, in arrival order (every pass reports their saves)
         self.resize_gpu_s = 0.0  # GPU time replicas spent regrouping (counted in lost_gpu_s too)
         self.events: list = []  # (time, seq, job id, run token)
         self.token: dict[str, int] = {}
@@ -192,13 +193,17 @@ class Simulation:
     def _shares(self, job) -> dict:
         return {"gpu": job.total[2] / self.cluster.total[2], "dominant": self.placer.dominant(job)}
 
+    def _run_of(self, job) -> _Replicated | None:
+        """The replicated run `job` is a replica of (None: it is not one)."""
+        return self.runs.get(job.batch) if job.replica is not None else None
+
     def _push(self, t: float, jid: str, token: int) -> None:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, jid, token))
 
     def _on_start(self, run: Running, now: float) -> None:
         jid = run.job.id
-        rr = self.runs.get(run.job.batch) if run.job.replica is not None else None
+        rr = self._run_of(run.job)
         load, slow = (self._join_load_s(run, rr), rr.slow) if rr else (_load_s(run), _slowdown(run, self.cluster))
         self.started_at[jid] = (now, load, slow)
         run.working_from, run.pace = now + load, slow  # what the job reports: the placer reads its checkpoint times from them
@@ -232,7 +237,7 @@ class Simulation:
         jid = run.job.id
         self.token[jid] = self.token.get(jid, 0) + 1  # its finish (or join) event is void
         self.told[jid] = now
-        if run.job.replica is not None and run.job.batch in self.runs:  # it saves the run's state, if it holds the only copy
+        if self._run_of(run.job):  # it saves the run's state, if it holds the only copy
             self.started_at.pop(jid)
             self._leave(run, now, saves=True)
             return
@@ -243,7 +248,7 @@ class Simulation:
     def _on_stop(self, run: Running, now: float, preempted: bool) -> None:
         jid = run.job.id
         gpus = sum(u.needs.gpus for u in run.job.units)
-        rr = self.runs.get(run.job.batch) if run.job.replica is not None else None
+        rr = self._run_of(run.job)
         if jid in self.told:  # it saved on notice: its work was kept then, the save is lost
             self.lost_gpu_s += gpus * self._in_window(self.told.pop(jid), now)
             worked, frac = 0.0, 0.0
@@ -266,9 +271,7 @@ class Simulation:
                 self.preemptions += 1
             if rr:
                 self.remaining[jid] = rr.work / rr.shards
-        elif rr:
-            pass  # counted finished with its run (_run_done)
-        else:
+        elif rr is None:  # (a replica is counted finished with its run, in _run_done)
             batch = run.job.batch
             if batch is None:
                 self.finished += 1
@@ -317,9 +320,7 @@ class Simulation:
 
     def _report_saves(self, now: float) -> None:
         """Replicas report their run's last save (the placer prices evicting the last one by it)."""
-        for batch, rr in self.runs.items():
-            if rr.finished:
-                continue
+        for batch, rr in self.live_runs.items():
             if rr.working:
                 self._settle(rr, now)
             for p in self.parts[batch]:
@@ -375,6 +376,7 @@ class Simulation:
         rr = self.runs[batch]
         self._settle(rr, now)
         rr.finished, rr.work = True, 0.0
+        del self.live_runs[batch]
         self.finished += 1
         for p in self.parts[batch]:
             if p in self.placer.running:
@@ -402,6 +404,7 @@ class Simulation:
             if sj.job.replica is not None:  # its replicas share one run's work
                 every = (sj.job.checkpoint_every_s or math.inf) * len(parts)
                 self.runs[sj.job.id] = _Replicated(len(parts), sj.work_s * len(parts), every, now, now)
+                self.live_runs[sj.job.id] = self.runs[sj.job.id]
         for p in parts:
             self.queued_since[p.id] = now
             for m, share in self._shares(p).items():
@@ -434,7 +437,7 @@ class Simulation:
                             self._run_done(jid, t)
                     elif self.token.get(jid) == tok and jid in self.placer.running:
                         run = self.placer.running[jid]
-                        if run.job.replica is not None and run.job.batch in self.runs:  # a replica loaded: it joins
+                        if self._run_of(run.job):  # a replica loaded: it joins
                             self._join(run, t)
                         else:
                             self._on_stop(self.placer.release(jid, t), t, preempted=False)
@@ -450,11 +453,10 @@ class Simulation:
             if progress is not None:
                 progress(now)
         self._account(self.end)
-        for rr in self.runs.values():  # work done so far by replicated runs still running at the end
-            if not rr.finished:
-                self._settle(rr, self.end)
+        for rr in self.live_runs.values():  # work done so far by replicated runs still running at the end
+            self._settle(rr, self.end)
         for jid, run in self.placer.running.items():  # work done so far by jobs still running at the end
-            if run.job.replica is not None and run.job.batch in self.runs:
+            if self._run_of(run.job):
                 continue
             start, load, slow = self.started_at[jid]
             frac = self._in_window(start, self.end) / max(self.end - start, 1e-9)
