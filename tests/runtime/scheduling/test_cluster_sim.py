@@ -131,12 +131,36 @@ def test_two_backlogged_domains_at_1_to_3_converge_to_their_weights():
     assert r["fairness_error"] <= 0.05
 
 
-def test_capped_fairness_counts_a_wait_at_most_the_jobs_work():
-    # a holds the node for an hour; b's 5-minute job waits that hour behind it (FIFO)
-    jobs = [_sim_job("a", 0.0, 3600.0, domain="a"), _sim_job("b", 0.0, 300.0, domain="b")]
+def test_a_wait_that_ends_in_the_window_is_not_unmet_demand():
+    # a holds the node for 3650 s; b's 5-minute job waits that long behind it (FIFO), then runs
+    jobs = [_sim_job("a", 0.0, 3650.0, domain="a"), _sim_job("b", 0.0, 300.0, domain="b")]
     r = simulate([Node("n", NODE, "r")], [_domain("a"), _domain("b")], jobs, PRESETS["fifo"], 0.0, 6 * 3600.0, tick_s=10.0)
-    assert r["delay_quantiles_s"][100] == pytest.approx(3600.0)
-    # uncapped: b demands 300 used + 3600 waited, equal weights split the 3900 used 1950 / 1950
-    assert r["fairness_error"] == pytest.approx((3600 - 1950 + 1950 - 300) / 3900)
-    # capped: b's wait counts 300 s (its work), so it is below the line: entitled to 600, a to 3300
-    assert r["fairness_error_capped"] == pytest.approx((3600 - 3300 + 600 - 300) / 3900)
+    assert r["delay_quantiles_s"][100] == pytest.approx(3650.0)
+    # both got all the work they asked for in the 6 h window: no share was short, however late
+    assert r["fairness_error"] == pytest.approx(0.0, abs=1e-12)
+    # by hour: b waited through the first hour, so it asked 300 s more than it got there (entitled to
+    # 300 of the 3600 used: a over by 300, b under by 300), and got it all in the second
+    assert r["fairness_hourly"][0] == pytest.approx(600 / 3600) and r["fairness_hourly"][1] == pytest.approx(0.0, abs=1e-12)
+    # the earlier measure counts every second waited as demand: b asks 300 used + 3600 waited,
+    # and equal weights split the 3950 used 1975 / 1975, though b had only 300 s of work
+    assert r["fairness_error_waits"] == pytest.approx((3650 - 1975 + 1975 - 300) / 3950)
+    # capped: b's wait counts 300 s (its work), so it is below the line: entitled to 600, a to 3350
+    assert r["fairness_error_capped"] == pytest.approx((3650 - 3350 + 600 - 300) / 3950)
+
+
+def test_work_still_waiting_when_a_window_closes_is_unmet_demand():
+    # a holds the node 7 h: b's 5-minute job waits through the first 6 h window and runs in the second
+    jobs = [_sim_job("a", 0.0, 7 * 3600.0, domain="a"), _sim_job("b", 0.0, 300.0, domain="b")]
+    r = simulate([Node("n", NODE, "r")], [_domain("a"), _domain("b")], jobs, PRESETS["fifo"], 0.0, 12 * 3600.0, tick_s=10.0)
+    # window 1: a used 21600 s, b asked its 300 s of work and got none (entitled 300, a 21300);
+    # window 2: a 3600 + b 300 used, nothing left waiting
+    assert r["fairness_error_worst_window"] == pytest.approx(600 / 21600)
+    assert r["fairness_error"] == pytest.approx(600 / (21600 + 3900))
+
+
+def test_a_placer_blind_to_the_weights_is_measured_unfair():
+    # the 1:3 workload below, through FIFO (which ignores the weights): "a" submitted first takes the nodes
+    jobs = [_sim_job(f"a{k}", 0.0, 3600.0, 8, "a") for k in range(40)] + [_sim_job(f"b{k}", 0.0, 900.0, 2, "b") for k in range(1200)]
+    r = simulate([Node(f"n{i}", NODE, "r") for i in range(2)], [_domain("a", 1.0), _domain("b", 3.0)], jobs, PRESETS["fifo"],
+                 3600.0, 25 * 3600.0)
+    assert r["fairness_error"] > 0.5  # both backlogged throughout: entitled 1:3, used all-a for 20 h
