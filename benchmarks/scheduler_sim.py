@@ -83,10 +83,16 @@ def goal(results: dict, baseline: str = "fifo") -> dict:
     return {"higher_gpu_utilisation": ours["gpu_utilisation"] > base["gpu_utilisation"],
             "higher_cpu_utilisation": ours["cpu_utilisation"] > base["cpu_utilisation"],
             "higher_gpu_goodput": ours["gpu_goodput"] > base["gpu_goodput"],
-            "higher_gpu_utilisation_backlogged": (ours["gpu_utilisation_backlogged"] or 0.0) > (base["gpu_utilisation_backlogged"] or 0.0),
+            "higher_gpu_utilisation_backlogged": _backlogged_gpu(ours, base) > _backlogged_gpu(base, ours),
             "fairness_within_5pct": ours["fairness_error"] <= 0.05 and ours["fairness_error_1h"] <= 0.05,  # 6 h and 1 h windows
             "fairness_within_5pct_waits": ours["fairness_error_waits"] <= 0.05,
             "lower_p99_delay": ours["delay_p99_s"] < base["delay_p99_s"], "baseline": baseline}
+
+
+def _backlogged_gpu(r: dict, other: dict) -> float:
+    """`r`'s allocated GPU fraction over the hours both runs had jobs waiting (0 if none)."""
+    both = [h for h, (a, b) in enumerate(zip(r["backlogged_hourly"], other["backlogged_hourly"])) if a and b]
+    return sum(r["gpu_utilisation_hourly"][h] for h in both) / len(both) if both else 0.0
 
 
 def print_table(results: dict) -> None:

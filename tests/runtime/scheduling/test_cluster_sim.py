@@ -158,6 +158,44 @@ def test_work_still_waiting_when_a_window_closes_is_unmet_demand():
     assert r["fairness_error"] == pytest.approx(600 / (21600 + 3900))
 
 
+def test_a_job_that_starts_as_the_window_closes_waited_through_it():
+    # a ends at 3600 s and b starts at that pass: b got nothing in the first hour
+    jobs = [_sim_job("a", 0.0, 3600.0, domain="a"), _sim_job("b", 0.0, 300.0, domain="b")]
+    r = simulate([Node("n", NODE, "r")], [_domain("a"), _domain("b")], jobs, PRESETS["fifo"], 0.0, 6 * 3600.0, tick_s=10.0)
+    assert r["fairness_hourly"][0] == pytest.approx(600 / 3600)
+
+
+def test_a_job_running_at_the_close_is_short_by_its_wait_in_the_window():
+    # b (10 h of work) waits 3000 s behind a, then runs: in the first hour it could have used all 3600 s
+    jobs = [_sim_job("a", 0.0, 3000.0, domain="a"), _sim_job("b", 0.0, 36000.0, domain="b")]
+    r = simulate([Node("n", NODE, "r")], [_domain("a"), _domain("b")], jobs, PRESETS["fifo"], 0.0, 2 * 3600.0, tick_s=10.0)
+    # used a 3000, b 600; b asked 600 + 3000: equal weights entitle each to 1800
+    assert r["fairness_hourly"][0] == pytest.approx((1200 + 1200) / 3600)
+
+
+def test_every_wait_of_a_preempted_job_in_the_window_counts():
+    # b waits 3000 s, runs 360 s, is evicted by a priority-1 job and waits again at the close
+    cfg = PRESETS["longhaul"].model_copy(update={"preempt_after_s": 60.0, "min_class_share": 0.0})
+    jobs = [_sim_job("a", 0.0, 3000.0, domain="a"), _sim_job("b", 0.0, 36000.0, domain="b"),
+            _sim_job("c", 3300.0, 36000.0, domain="c", priority=1)]
+    sim = Simulation([Node("n", NODE, "r")], [_domain("a"), _domain("b"), _domain("c", priority=1)], jobs, cfg, 0.0, 2 * 3600.0, tick_s=10.0)
+    r = sim.run()
+    assert r["preemptions"] == 1
+    # priority 0 used a 3000, b 360 and asked 3000 + 240 more: equal weights entitle each to 1680
+    assert r["fairness_hourly"][0] == pytest.approx((1320 + 1320) / 3600)
+
+
+def test_jobs_that_only_wait_for_the_next_pass_are_no_backlog():
+    # 5-second jobs on idle nodes, each arriving just after a pass: they wait under 10 s, never for room
+    jobs = [_sim_job(f"j{k}", 10 * k + 0.05, 5.0, gpus=1) for k in range(720)]
+    r = simulate([Node(f"n{i}", NODE, "r") for i in range(2)], [_domain("a")], jobs, PRESETS["fifo"], 0.0, 7200.0, tick_s=10.0)
+    assert r["backlogged_hours"] == 0 and r["gpu_utilisation_backlogged"] is None and r["backlogged_hourly"] == [False, False]
+    # a node held for two hours while a second whole-node job waits: both hours backlogged, fully allocated
+    r = simulate([Node("n", NODE, "r")], [_domain("a")], [_sim_job("a", 0.0, 7200.0), _sim_job("b", 1.0, 60.0)], PRESETS["fifo"],
+                 0.0, 7200.0, tick_s=10.0)
+    assert r["backlogged_hourly"] == [True, True] and r["gpu_utilisation_backlogged"] == pytest.approx(1.0)
+
+
 def test_a_placer_blind_to_the_weights_is_measured_unfair():
     # the 1:3 workload below, through FIFO (which ignores the weights): "a" submitted first takes the nodes
     jobs = [_sim_job(f"a{k}", 0.0, 3600.0, 8, "a") for k in range(40)] + [_sim_job(f"b{k}", 0.0, 900.0, 2, "b") for k in range(1200)]

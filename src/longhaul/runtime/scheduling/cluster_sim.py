@@ -26,21 +26,23 @@ no replica of it ran.
 
 Measured over [warm-up, end]:
 - utilisation: time-averaged allocated fraction of GPUs and CPUs; the same over the backlogged
-  hours only (jobs waited through at least `BACKLOGGED` of the hour: what the policy allocates
-  when it has work to place, since in an hour with nothing waiting no policy can allocate more);
-  goodput: GPU time spent working (not loading, not lost to pre-emption) over GPU capacity;
+  hours only (the last pass left jobs waiting through at least `BACKLOGGED` of the hour: what
+  the policy allocates when it has work it could not place; in an hour with nothing waiting no
+  policy can allocate more); goodput: GPU time spent working (not loading, not lost to
+  pre-emption) over GPU capacity;
 - queueing delay of each job that arrived in the window: all its time waiting (after
   pre-emptions too); a job still waiting at the end counts with its wait so far (censored);
 - fairness error per window of `FAIRNESS_HOURS` (and per hour, `fairness_error_1h`): u_d is a
-  domain's GPU-share-seconds used in the window, and its demand is u_d plus the work it still
-  had waiting when the window closed (each job waiting then: its GPU share x the time it waited
-  in the window, at most its work left). The entitlement t_d is the weighted water-fill (max-min
-  fair by weight) of what its priority class used over the class's demands; error =
-  sum|u_d - t_d| / sum(u), averaged over windows weighted by sum(u): the entitlement-weighted mean
-  relative deviation from the weights, counting a misallocated GPU-second twice (once over, once
-  under). A domain that got all the work it asked for within the window is not short, however
-  late its jobs ran (their delay is the delay measure's); one still waiting when the window
-  closes was short by what it waited for, unless its share reached its weight's.
+  domain's GPU-share-seconds used in the window, and its demand is u_d plus what its jobs could
+  have used there and did not: each job not finished when the window closes that waited in it,
+  its GPU share x the time it waited in the window (all its waits there), at most its work left
+  at the close (served at once, it would have run that much longer). A job that finished in the
+  window got all it asked for there, however late it ran (its delay is the delay measure's).
+  The entitlement t_d is the weighted water-fill (max-min fair by weight) of what its priority
+  class used over the class's demands; error = sum|u_d - t_d| / sum(u), averaged over windows
+  weighted by sum(u): the entitlement-weighted mean relative deviation from the weights,
+  counting a misallocated GPU-second twice (once over, once under). A window in which no job
+  that waited is still unfinished at the close has error 0.
   `..._across_priorities` also entitles classes in priority order first; `..._dominant` measures
   dominant shares instead of GPU shares (it counts CPU-heavy domains using idle CPUs as unfair,
   so it overstates the error when CPUs are not the bottleneck);
@@ -49,8 +51,8 @@ Measured over [warm-up, end]:
   job's work left. Both count a job that waited and then ran in the window twice, once as its
   wait and once as its run: a 1-hour 8-GPU job that waited 3 hours asks 32 GPU-hours for 8 of
   work. So a domain whose jobs waited in a peak is entitled to capacity that only appears after
-  its work is done (and that another domain's backlog then takes), and any congestion reads as
-  unfairness, fair or not: on the recorded runs it holds the preset at 0.07 (docs/scheduling.md);
+  its work is done (and that another domain's backlog then takes): a peak shared exactly by
+  weight still reads as unfair (docs/scheduling.md, "The fairness measure");
 - pre-emptions and the GPU-hours they lost.
 """
 
@@ -170,12 +172,15 @@ class Simulation:
         self.told: dict[str, float] = {}  # job saving on notice -> when it was told
         self.wait: dict[str, float] = defaultdict(float)
         self.queued_since: dict[str, float] = {}
-        self.wait_spans: list[tuple[str, dict, float, float, float]] = []  # (domain, its shares by measure, queued at, started at, work left s)
+        self.wait_spans: list[tuple[str, str, dict, float, float, float]] = []  # (job, domain, its shares by measure, queued at, started at, work left s)
+        self.run_spans: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)  # job -> (start, load s, slowdown, work left s then)
+        self.done_at: dict[str, float] = {}  # job -> when it finished (or was withdrawn)
         self.ledgers = {"gpu": _Ledger(), "dominant": _Ledger()}  # fairness measured on GPU shares, and on dominant shares
         self.gpu_alloc_s = self.cpu_alloc_s = self.goodput_gpu_s = self.lost_gpu_s = 0.0
         self.preemptions = self.finished = 0
         self.gpu_hourly: dict[int, float] = defaultdict(float)  # hour -> allocated GPU fraction (time-averaged)
         self.backlog_hourly: dict[int, float] = defaultdict(float)  # hour -> seconds of it some job waited
+        self.backlog = False  # the last pass left jobs waiting (a job that arrived since has not been tried yet)
         self.clock = 0.0
 
     def _in_window(self, a: float, b: float) -> float:
@@ -188,10 +193,9 @@ class Simulation:
             cpu, _, gpu = self.cluster.used_fraction()
             self.gpu_alloc_s += gpu * dt
             self.cpu_alloc_s += cpu * dt
-            backlog = self.placer.queued() > 0
             for hour, s in _hours(max(self.clock, self.warmup), min(now, self.end)):
                 self.gpu_hourly[hour] += gpu * s / HOUR
-                if backlog:
+                if self.backlog:
                     self.backlog_hourly[hour] += s
         self.clock = now
 
@@ -214,7 +218,8 @@ class Simulation:
         run.working_from, run.pace = now + load, slow  # what the job reports: the placer reads its checkpoint times from them
         queued_at, shares = self.queued_since.pop(jid), self._shares(run.job)
         self.wait[jid] += now - queued_at
-        self.wait_spans.append((run.job.domain, shares, queued_at, now, self.remaining[jid]))
+        self.wait_spans.append((jid, run.job.domain, shares, queued_at, now, self.remaining[jid]))
+        self.run_spans[jid].append((now, load, slow, self.remaining[jid]))
         self.token[jid] = self.token.get(jid, 0) + 1
         if rr and rr.finished:  # requeued after its save and restarted in the same pass, though its run is done
             for m, share in shares.items():
@@ -276,7 +281,9 @@ class Simulation:
                 self.preemptions += 1
             if rr:
                 self.remaining[jid] = rr.work / rr.shards
-        elif rr is None:  # (a replica is counted finished with its run, in _run_done)
+        else:
+            self.done_at[jid] = now
+        if not preempted and rr is None:  # (a replica is counted finished with its run, in _run_done)
             batch = run.job.batch
             if batch is None:
                 self.finished += 1
@@ -395,7 +402,8 @@ class Simulation:
         queued_at = self.queued_since.pop(job.id)
         self.wait[job.id] += now - queued_at
         shares = self._shares(job)
-        self.wait_spans.append((job.domain, shares, queued_at, now, self.remaining[job.id]))
+        self.wait_spans.append((job.id, job.domain, shares, queued_at, now, self.remaining[job.id]))
+        self.done_at[job.id] = now
         for m, share in shares.items():
             self.ledgers[m].change(job.domain, now, queued=-share)
 
@@ -455,6 +463,7 @@ class Simulation:
                     self._on_notice(run, now)
                 else:
                     self._on_stop(run, now, preempted=True)
+            self.backlog = self.placer.queued() > 0
             if progress is not None:
                 progress(now)
         self._account(self.end)
@@ -488,34 +497,55 @@ class Simulation:
             out[sj.job.priority].append(delay)
         return {k: sorted(v) for k, v in out.items()}
 
-    def _spans(self, measure: str) -> list[tuple[str, float, float, float, float, bool]]:
-        """Every wait as (domain, share of `measure`, queued at, ended at, work left s, still
-        waiting at the end)."""
-        done = [(d, sh[measure], t0, t1, left, False) for d, sh, t0, t1, left in self.wait_spans]
-        return done + [(self.jobs[j].job.domain, self._shares(self.jobs[j].job)[measure], t0, self.end, self.remaining[j], True)
+    def _spans(self, measure: str) -> list[tuple[str, str, float, float, float, float]]:
+        """Every wait as (job, domain, share of `measure`, queued at, ended at, work left s); a job
+        still waiting ends at the end."""
+        done = [(j, d, sh[measure], t0, t1, left) for j, d, sh, t0, t1, left in self.wait_spans]
+        return done + [(j, self.jobs[j].job.domain, self._shares(self.jobs[j].job)[measure], t0, self.end, self.remaining[j])
                        for j, t0 in self.queued_since.items()]
 
     def _capped_wanted(self) -> dict:
         """hour -> domain -> GPU-share-seconds waited, each wait counted only as long as the job's
         work left: had it started when it queued, it would have been done by then."""
         wanted: dict = defaultdict(lambda: defaultdict(float))
-        for d, share, t0, t1, left, _ in self._spans("gpu"):
+        for _, d, share, t0, t1, left in self._spans("gpu"):
             for hour, s in _hours(t0, min(t1, t0 + left, self.end)):
                 wanted[hour][d] += share * s
         return wanted
 
-    def _waiting_at(self, measure: str) -> dict:
-        """Window end (s) -> the waits still open then, as (domain, share, queued at, work left s):
-        at every whole hour inside a wait, and at the end for the jobs still waiting."""
-        at: dict = defaultdict(list)
-        for d, share, t0, t1, left, still in self._spans(measure):
-            k = int(t0 // HOUR) + 1
-            while k * HOUR < min(t1, self.end):
-                at[k * HOUR].append((d, share, t0, left))
-                k += 1
-            if still:
-                at[self.end].append((d, share, t0, left))
-        return at
+    def _waits(self, measure: str) -> tuple[dict, dict]:
+        """(hour -> the jobs that waited in it, job -> its waits as (queued at, ended at, work left s))."""
+        in_hour: dict = defaultdict(set)
+        of: dict = defaultdict(list)
+        for j, _, _, t0, t1, left in self._spans(measure):
+            if t1 > t0:
+                of[j].append((t0, t1, left))
+                for hour in range(int(t0 // HOUR), int(math.ceil(t1 / HOUR))):
+                    in_hour[hour].add(j)
+        return in_hour, of
+
+    def _left_at(self, jid: str, t: float, waits: list) -> float:
+        """Work seconds `jid` had left at `t` (unfinished then): its work when it queued if it was
+        waiting up to `t`, else its work at its last start less what it did since."""
+        for t0, t1, left in waits:
+            if t0 < t <= t1:
+                return left
+        start, load, slow, left = max((r for r in self.run_spans[jid] if r[0] < t), default=(t, 0.0, 1.0, self.remaining[jid]))
+        return max(0.0, left - max(0.0, t - start - load) / slow)
+
+    def _unmet(self, measure: str, t0_w: float, t1_w: float, in_hour: dict, waits: dict) -> dict[str, float]:
+        """domain -> share-seconds its jobs could have used in [t0_w, t1_w) and did not: each job
+        unfinished at t1_w that waited in the window, its share x the time it waited there, at
+        most its work left at t1_w (served at once, it would have run that much longer)."""
+        out: dict[str, float] = defaultdict(float)
+        for jid in set().union(*(in_hour.get(h, ()) for h in range(int(t0_w // HOUR), int(math.ceil(t1_w / HOUR))))):
+            if self.done_at.get(jid, math.inf) <= t1_w:
+                continue
+            waited = sum(max(0.0, min(t1, t1_w) - max(t0, t0_w)) for t0, t1, _ in waits[jid])
+            if waited > 0:
+                job = self.jobs[jid].job
+                out[job.domain] += self._shares(job)[measure] * min(waited, self._left_at(jid, t1_w, waits[jid]))
+        return out
 
     def _fairness(self, hours: int, across_priorities: bool = False, measure: str = "gpu",
                   demand: str = "unmet") -> tuple[float, float, list[float]]:
@@ -532,8 +562,8 @@ class Simulation:
         for d in list(ledger.held):
             ledger.advance(d, self.end)
         assert demand != "capped" or measure == "gpu", "the capped demand is in GPU shares"
-        wanted_by_hour = self._capped_wanted() if demand == "capped" else ledger.wanted
-        open_at = self._waiting_at(measure) if demand == "unmet" else {}
+        wanted_by_hour = self._capped_wanted() if demand == "capped" else ledger.wanted if demand == "waits" else None
+        in_hour, waits = self._waits(measure) if demand == "unmet" else ({}, {})
         weight = {d.name: d.weight for d in self.domains}
         prio = {d.name: d.priority for d in self.domains}
         first, last = int(self.warmup // HOUR), int(math.ceil(self.end / HOUR))
@@ -548,9 +578,7 @@ class Simulation:
                     for d, v in wanted_by_hour[hour].items():
                         wanted[d] += v
             if demand == "unmet":
-                t0_w, t1_w = start * HOUR, min(stop * HOUR, self.end)
-                for d, share, t0, left in open_at.get(t1_w, ()):
-                    wanted[d] += share * min(left, t1_w - max(t0, t0_w))
+                wanted = self._unmet(measure, start * HOUR, min(stop * HOUR, self.end), in_hour, waits)
             cap = sum(used.values())
             if cap <= 0:
                 continue
@@ -582,9 +610,11 @@ class Simulation:
         fair_waits_1h, _, _ = self._fairness(1, demand="waits")
         fair_capped, fair_capped_max, _ = self._fairness(FAIRNESS_HOURS, demand="capped")
         hours = range(int(self.warmup // HOUR), int(math.ceil(self.end / HOUR)))
-        backlogged = [self.gpu_hourly.get(h, 0.0) for h in hours if self.backlog_hourly.get(h, 0.0) >= BACKLOGGED * HOUR]
+        backlogged_hourly = [self.backlog_hourly.get(h, 0.0) >= BACKLOGGED * HOUR for h in hours]
+        backlogged = [self.gpu_hourly.get(h, 0.0) for h, b in zip(hours, backlogged_hourly) if b]
         return {"gpu_utilisation": self.gpu_alloc_s / window, "cpu_utilisation": self.cpu_alloc_s / window,
                 "gpu_utilisation_backlogged": sum(backlogged) / len(backlogged) if backlogged else None, "backlogged_hours": len(backlogged),
+                "backlogged_hourly": backlogged_hourly,
                 "gpu_goodput": self.goodput_gpu_s / (cap_gpu * window), "delay_p50_s": pct(delays, 0.50),
                 "delay_p90_s": pct(delays, 0.90), "delay_p99_s": pct(delays, 0.99), "delay_mean_s": sum(delays) / max(len(delays), 1),
                 "delay_p99_by_priority_s": {str(p): pct(v, 0.99) for p, v in sorted((k, v) for k, v in by.items() if k is not None)},
