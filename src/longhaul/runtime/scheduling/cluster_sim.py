@@ -283,13 +283,13 @@ class Simulation:
                 self.remaining[jid] = rr.work / rr.shards
         else:
             self.done_at[jid] = now
-        if not preempted and rr is None:  # (a replica is counted finished with its run, in _run_done)
-            batch = run.job.batch
-            if batch is None:
-                self.finished += 1
-            else:  # a job run as shards is finished when its last shard is
-                self.unfinished[batch] -= 1
-                self.finished += not self.unfinished[batch]
+            if rr is None:  # (a replica is counted finished with its run, in _run_done)
+                batch = run.job.batch
+                if batch is None:
+                    self.finished += 1
+                else:  # a job run as shards is finished when its last shard is
+                    self.unfinished[batch] -= 1
+                    self.finished += not self.unfinished[batch]
         self.goodput_gpu_s += gpus * worked * frac
         for m, share in self._shares(run.job).items():
             self.ledgers[m].change(run.job.domain, now, held=-share, queued=share if preempted else 0.0)
@@ -497,29 +497,29 @@ class Simulation:
             out[sj.job.priority].append(delay)
         return {k: sorted(v) for k, v in out.items()}
 
-    def _spans(self, measure: str) -> list[tuple[str, str, float, float, float, float]]:
-        """Every wait as (job, domain, share of `measure`, queued at, ended at, work left s); a job
-        still waiting ends at the end."""
-        done = [(j, d, sh[measure], t0, t1, left) for j, d, sh, t0, t1, left in self.wait_spans]
-        return done + [(j, self.jobs[j].job.domain, self._shares(self.jobs[j].job)[measure], t0, self.end, self.remaining[j])
-                       for j, t0 in self.queued_since.items()]
+    def _spans(self) -> list[tuple[str, str, dict, float, float, float]]:
+        """Every wait as (job, domain, its shares by measure, queued at, ended at, work left s); a
+        job still waiting ends at the end."""
+        return self.wait_spans + [(j, self.jobs[j].job.domain, self._shares(self.jobs[j].job), t0, self.end, self.remaining[j])
+                                  for j, t0 in self.queued_since.items()]
 
     def _capped_wanted(self) -> dict:
         """hour -> domain -> GPU-share-seconds waited, each wait counted only as long as the job's
         work left: had it started when it queued, it would have been done by then."""
         wanted: dict = defaultdict(lambda: defaultdict(float))
-        for _, d, share, t0, t1, left in self._spans("gpu"):
+        for _, d, shares, t0, t1, left in self._spans():
             for hour, s in _hours(t0, min(t1, t0 + left, self.end)):
-                wanted[hour][d] += share * s
+                wanted[hour][d] += shares["gpu"] * s
         return wanted
 
-    def _waits(self, measure: str) -> tuple[dict, dict]:
-        """(hour -> the jobs that waited in it, job -> its waits as (queued at, ended at, work left s))."""
+    def _waits(self) -> tuple[dict, dict]:
+        """(hour -> the jobs that waited in it, job -> (its domain, its shares, its waits as
+        (queued at, ended at, work left s)))."""
         in_hour: dict = defaultdict(set)
-        of: dict = defaultdict(list)
-        for j, _, _, t0, t1, left in self._spans(measure):
+        of: dict = {}
+        for j, d, shares, t0, t1, left in self._spans():
             if t1 > t0:
-                of[j].append((t0, t1, left))
+                of.setdefault(j, (d, shares, []))[2].append((t0, t1, left))
                 for hour in range(int(t0 // HOUR), int(math.ceil(t1 / HOUR))):
                     in_hour[hour].add(j)
         return in_hour, of
@@ -533,52 +533,56 @@ class Simulation:
         start, load, slow, left = max((r for r in self.run_spans[jid] if r[0] < t), default=(t, 0.0, 1.0, self.remaining[jid]))
         return max(0.0, left - max(0.0, t - start - load) / slow)
 
-    def _unmet(self, measure: str, t0_w: float, t1_w: float, in_hour: dict, waits: dict) -> dict[str, float]:
+    def _unmet(self, measure: str, t0_w: float, t1_w: float, waits: tuple[dict, dict]) -> dict[str, float]:
         """domain -> share-seconds its jobs could have used in [t0_w, t1_w) and did not: each job
         unfinished at t1_w that waited in the window, its share x the time it waited there, at
         most its work left at t1_w (served at once, it would have run that much longer)."""
+        in_hour, of = waits
         out: dict[str, float] = defaultdict(float)
         for jid in set().union(*(in_hour.get(h, ()) for h in range(int(t0_w // HOUR), int(math.ceil(t1_w / HOUR))))):
             if self.done_at.get(jid, math.inf) <= t1_w:
                 continue
-            waited = sum(max(0.0, min(t1, t1_w) - max(t0, t0_w)) for t0, t1, _ in waits[jid])
+            domain, shares, spans = of[jid]
+            waited = sum(max(0.0, min(t1, t1_w) - max(t0, t0_w)) for t0, t1, _ in spans)
             if waited > 0:
-                job = self.jobs[jid].job
-                out[job.domain] += self._shares(job)[measure] * min(waited, self._left_at(jid, t1_w, waits[jid]))
+                out[domain] += shares[measure] * min(waited, self._left_at(jid, t1_w, spans))
         return out
 
-    def _fairness(self, hours: int, across_priorities: bool = False, measure: str = "gpu",
-                  demand: str = "unmet") -> tuple[float, float, list[float]]:
+    def _fairness(self, hours: int, across_priorities: bool = False, measure: str = "gpu", demand: str = "unmet",
+                  waits: tuple[dict, dict] | None = None) -> tuple[float, float, list[float]]:
         """(mean error weighted by use, worst window, per-window errors) over windows of `hours`.
         Within priorities (the placer's rule: weights share a priority class), each class's used
         capacity is split by weight over its own demands; across priorities, classes are
         entitled in priority order first. A domain's demand is what it used plus, with
-        `demand="unmet"`, the work still waiting when the window closed (each waiting job its
-        share x the time it waited in the window, at most its work left); with "waits", every
-        second any of its jobs waited (share x time, the earlier measure, which counts a job
-        that waited and then ran in the window twice); "capped": the same, each wait at most the
-        job's work left (GPU shares only)."""
+        `demand="unmet"`, what its jobs could have used in the window and did not (`_unmet`;
+        `waits`: `_waits()`, if already built); with "waits", every second any of its jobs waited
+        (share x time, the earlier measure, which counts a job that waited and then ran in the
+        window twice); "capped": the same, each wait at most the job's work left (GPU shares only)."""
         ledger = self.ledgers[measure]
         for d in list(ledger.held):
             ledger.advance(d, self.end)
         assert demand != "capped" or measure == "gpu", "the capped demand is in GPU shares"
-        wanted_by_hour = self._capped_wanted() if demand == "capped" else ledger.wanted if demand == "waits" else None
-        in_hour, waits = self._waits(measure) if demand == "unmet" else ({}, {})
+        if demand == "unmet":
+            waits = waits or self._waits()
+        else:
+            wanted_by_hour = self._capped_wanted() if demand == "capped" else ledger.wanted
         weight = {d.name: d.weight for d in self.domains}
         prio = {d.name: d.priority for d in self.domains}
         first, last = int(self.warmup // HOUR), int(math.ceil(self.end / HOUR))
         errors, total_used, per_window = 0.0, 0.0, []
         for start in range(first, last, hours):
             stop = min(start + hours, last)
-            used, wanted = defaultdict(float), defaultdict(float)
+            used = defaultdict(float)
             for hour in range(start, stop):
                 for d, v in ledger.used[hour].items():
                     used[d] += v
-                if demand != "unmet":
+            if demand == "unmet":
+                wanted = self._unmet(measure, start * HOUR, min(stop * HOUR, self.end), waits)
+            else:
+                wanted = defaultdict(float)
+                for hour in range(start, stop):
                     for d, v in wanted_by_hour[hour].items():
                         wanted[d] += v
-            if demand == "unmet":
-                wanted = self._unmet(measure, start * HOUR, min(stop * HOUR, self.end), in_hour, waits)
             cap = sum(used.values())
             if cap <= 0:
                 continue
@@ -602,10 +606,11 @@ class Simulation:
         by = self._delays()
         delays = by.get(None, [])
         pct = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
-        fair, fair_max, _ = self._fairness(FAIRNESS_HOURS)
-        fair_p, fair_p_max, _ = self._fairness(FAIRNESS_HOURS, across_priorities=True)
-        fair_1h, fair_1h_max, hourly = self._fairness(1)
-        fair_dom, _, _ = self._fairness(FAIRNESS_HOURS, measure="dominant")
+        waits = self._waits()  # the corrected measure's index of every wait, built once for its four figures
+        fair, fair_max, _ = self._fairness(FAIRNESS_HOURS, waits=waits)
+        fair_p, fair_p_max, _ = self._fairness(FAIRNESS_HOURS, across_priorities=True, waits=waits)
+        fair_1h, fair_1h_max, hourly = self._fairness(1, waits=waits)
+        fair_dom, _, _ = self._fairness(FAIRNESS_HOURS, measure="dominant", waits=waits)
         fair_waits, fair_waits_max, _ = self._fairness(FAIRNESS_HOURS, demand="waits")
         fair_waits_1h, _, _ = self._fairness(1, demand="waits")
         fair_capped, fair_capped_max, _ = self._fairness(FAIRNESS_HOURS, demand="capped")
