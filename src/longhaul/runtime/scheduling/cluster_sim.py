@@ -87,6 +87,11 @@ def entitlement(capacity: float, demand: dict[str, float], weight: dict[str, flo
     return out
 
 
+def _hour_range(a: float, b: float) -> range:
+    """The clock hours the interval [a, b) touches."""
+    return range(int(a // HOUR), int(math.ceil(b / HOUR)))
+
+
 def _hours(a: float, b: float):
     """(hour, seconds) of the interval [a, b) in each clock hour it touches."""
     t = a
@@ -168,12 +173,11 @@ class Simulation:
         self.events: list = []  # (time, seq, job id, run token)
         self.token: dict[str, int] = {}
         self.seq = 0
-        self.started_at: dict[str, tuple[float, float, float]] = {}  # job -> (start, load s, slowdown)
         self.told: dict[str, float] = {}  # job saving on notice -> when it was told
         self.wait: dict[str, float] = defaultdict(float)
         self.queued_since: dict[str, float] = {}
         self.wait_spans: list[tuple[str, str, dict, float, float, float]] = []  # (job, domain, its shares by measure, queued at, started at, work left s)
-        self.run_spans: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)  # job -> (start, load s, slowdown, work left s then)
+        self.run_spans: dict[str, list[tuple[float, float, float, float]]] = defaultdict(list)  # job -> each start as (at, load s, slowdown, work left s then); the last is a running job's
         self.done_at: dict[str, float] = {}  # job -> when it finished (or was withdrawn)
         self.ledgers = {"gpu": _Ledger(), "dominant": _Ledger()}  # fairness measured on GPU shares, and on dominant shares
         self.gpu_alloc_s = self.cpu_alloc_s = self.goodput_gpu_s = self.lost_gpu_s = 0.0
@@ -214,7 +218,6 @@ class Simulation:
         jid = run.job.id
         rr = self._run_of(run.job)
         load, slow = (self._join_load_s(run, rr), rr.slow) if rr else (_load_s(run), _slowdown(run, self.cluster))
-        self.started_at[jid] = (now, load, slow)
         run.working_from, run.pace = now + load, slow  # what the job reports: the placer reads its checkpoint times from them
         queued_at, shares = self.queued_since.pop(jid), self._shares(run.job)
         self.wait[jid] += now - queued_at
@@ -224,7 +227,6 @@ class Simulation:
         if rr and rr.finished:  # requeued after its save and restarted in the same pass, though its run is done
             for m, share in shares.items():
                 self.ledgers[m].change(run.job.domain, now, queued=-share)
-            self.started_at.pop(jid)
             self.placer.release(jid, now)
             return
         if rr:  # it joins its run once loaded; the run, not the replica, finishes
@@ -239,7 +241,7 @@ class Simulation:
 
     def _worked(self, jid: str, now: float) -> tuple[float, float]:
         """(nominal work seconds done, the part of the run inside the window) of a run that stops now."""
-        start, load, slow = self.started_at.pop(jid)
+        start, load, slow, _ = self.run_spans[jid][-1]
         return max(0.0, now - start - load) / slow, self._in_window(start, now) / max(now - start, 1e-9)
 
     def _on_notice(self, run: Running, now: float) -> None:
@@ -248,7 +250,6 @@ class Simulation:
         self.token[jid] = self.token.get(jid, 0) + 1  # its finish (or join) event is void
         self.told[jid] = now
         if self._run_of(run.job):  # it saves the run's state, if it holds the only copy
-            self.started_at.pop(jid)
             self._leave(run, now, saves=True)
             return
         worked, frac = self._worked(jid, now)
@@ -263,7 +264,6 @@ class Simulation:
             self.lost_gpu_s += gpus * self._in_window(self.told.pop(jid), now)
             worked, frac = 0.0, 0.0
         elif rr:  # its run's progress is the run's: a replica leaving costs its peers a regroup, the last one its unsaved work
-            self.started_at.pop(jid)
             self.token[jid] = self.token.get(jid, 0) + 1
             self._leave(run, now, saves=not preempted)
             worked, frac = 0.0, 0.0
@@ -472,7 +472,7 @@ class Simulation:
         for jid, run in self.placer.running.items():  # work done so far by jobs still running at the end
             if self._run_of(run.job):
                 continue
-            start, load, slow = self.started_at[jid]
+            start, load, slow, _ = self.run_spans[jid][-1]
             frac = self._in_window(start, self.end) / max(self.end - start, 1e-9)
             self.goodput_gpu_s += sum(u.needs.gpus for u in run.job.units) * max(0.0, self.end - start - load) / slow * frac
         return self.report()
@@ -520,7 +520,7 @@ class Simulation:
         for j, d, shares, t0, t1, left in self._spans():
             if t1 > t0:
                 of.setdefault(j, (d, shares, []))[2].append((t0, t1, left))
-                for hour in range(int(t0 // HOUR), int(math.ceil(t1 / HOUR))):
+                for hour in _hour_range(t0, t1):
                     in_hour[hour].add(j)
         return in_hour, of
 
@@ -530,7 +530,7 @@ class Simulation:
         for t0, t1, left in waits:
             if t0 < t <= t1:
                 return left
-        start, load, slow, left = max((r for r in self.run_spans[jid] if r[0] < t), default=(t, 0.0, 1.0, self.remaining[jid]))
+        start, load, slow, left = next((r for r in reversed(self.run_spans[jid]) if r[0] < t), (t, 0.0, 1.0, self.remaining[jid]))
         return max(0.0, left - max(0.0, t - start - load) / slow)
 
     def _unmet(self, measure: str, t0_w: float, t1_w: float, waits: tuple[dict, dict]) -> dict[str, float]:
@@ -539,7 +539,7 @@ class Simulation:
         most its work left at t1_w (served at once, it would have run that much longer)."""
         in_hour, of = waits
         out: dict[str, float] = defaultdict(float)
-        for jid in set().union(*(in_hour.get(h, ()) for h in range(int(t0_w // HOUR), int(math.ceil(t1_w / HOUR))))):
+        for jid in set().union(*(in_hour.get(h, ()) for h in _hour_range(t0_w, t1_w))):
             if self.done_at.get(jid, math.inf) <= t1_w:
                 continue
             domain, shares, spans = of[jid]
@@ -568,10 +568,10 @@ class Simulation:
             wanted_by_hour = self._capped_wanted() if demand == "capped" else ledger.wanted
         weight = {d.name: d.weight for d in self.domains}
         prio = {d.name: d.priority for d in self.domains}
-        first, last = int(self.warmup // HOUR), int(math.ceil(self.end / HOUR))
+        measured = _hour_range(self.warmup, self.end)
         errors, total_used, per_window = 0.0, 0.0, []
-        for start in range(first, last, hours):
-            stop = min(start + hours, last)
+        for start in measured[::hours]:
+            stop = min(start + hours, measured.stop)
             used = defaultdict(float)
             for hour in range(start, stop):
                 for d, v in ledger.used[hour].items():
@@ -614,7 +614,7 @@ class Simulation:
         fair_waits, fair_waits_max, _ = self._fairness(FAIRNESS_HOURS, demand="waits")
         fair_waits_1h, _, _ = self._fairness(1, demand="waits")
         fair_capped, fair_capped_max, _ = self._fairness(FAIRNESS_HOURS, demand="capped")
-        hours = range(int(self.warmup // HOUR), int(math.ceil(self.end / HOUR)))
+        hours = _hour_range(self.warmup, self.end)
         backlogged_hourly = [self.backlog_hourly.get(h, 0.0) >= BACKLOGGED * HOUR for h in hours]
         backlogged = [self.gpu_hourly.get(h, 0.0) for h, b in zip(hours, backlogged_hourly) if b]
         return {"gpu_utilisation": self.gpu_alloc_s / window, "cpu_utilisation": self.cpu_alloc_s / window,
