@@ -43,12 +43,13 @@ op_st = st.one_of(st.tuples(st.just("submit"), job_st), st.tuples(st.just("relea
 @given(caps=st.lists(st.tuples(st.integers(1, 32), st.integers(8, 128), st.integers(0, 8), st.integers(0, 2)), min_size=1, max_size=6),
        ops=st.lists(op_st, min_size=1, max_size=60), preset=st.sampled_from(sorted(PRESETS)),
        reserve=st.sampled_from([None, 0.0, 100.0]), holds=st.sampled_from([(0, False, False), (2, False, False), (2, True, False), (2, True, True)]),
-       entitled=st.booleans(), instant=st.booleans(), split=st.booleans())
-def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds, entitled, instant, split):
+       entitled=st.booleans(), instant=st.booleans(), split=st.booleans(), spare=st.booleans())
+def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds, entitled, instant, split, spare):
     nodes = [Node(f"n{i}", Resources(c, m, g), f"rack{r}") for i, (c, m, g, r) in enumerate(caps)]
     cfg = PRESETS[preset].model_copy(update={"reserve_after_s": reserve, "preempt_after_s": 30.0, "hold_nodes": holds[0],
                                              "easy_backfill": holds[1], "entitled_holds": holds[2], "entitled_preempt": entitled,
-                                             "notice": True, "instant_first": instant, "split_elastic": split}
+                                             "notice": True, "instant_first": instant, "split_elastic": split,
+                                             "spare_gangs": spare}
                                        if preset == "longhaul" else {"split_elastic": split})
     placer = Placer(Cluster(nodes), cfg, {"d0": 1.0, "d1": 3.0})
     now, n = 0.0, 0
@@ -444,6 +445,23 @@ def test_instant_first_kills_a_victim_rather_than_wait_for_a_save(instant_first)
     else:
         assert log == [("notice", "train")] and "hi0" in p.awaiting
         assert _started(p.schedule(1050.0)) == ["hi0"]
+
+
+@pytest.mark.parametrize("spare_gangs", [False, True])
+def test_spare_gangs_evicts_a_one_node_job_rather_than_a_gang(spare_gangs):
+    # a two-node gang and a one-node job, both of lower priority; the head needs one node: evicting
+    # the gang frees a node the head does not use, and spare_gangs weighs the one-node job first
+    p = _placer(nodes=3, preempt_after_s=0, reserve_after_s=None, spare_gangs=spare_gangs)
+    p.submit(_job("gang", 8, units=2, domain="lo"), 0.0)
+    p.submit(_job("solo", 8, domain="lo", at=1.0), 1.0)
+    assert _started(p.schedule(1.0)) == ["gang", "solo"]
+    p.submit(_job("hi0", 8, domain="hi", priority=1, at=100.0), 100.0)
+    log = p.schedule(100.0)
+    assert _preempted(log) == (["solo"] if spare_gangs else ["gang"]) and _started(log) == ["hi0"]
+    if spare_gangs:  # when no one-node victim will do, the gang is still taken
+        p.submit(_job("hi1", 8, units=2, domain="hi", priority=1, at=200.0), 200.0)
+        log = p.schedule(200.0)
+        assert _preempted(log) == ["gang"] and _started(log) == ["hi1"]
 
 
 @pytest.mark.parametrize("split", [True, False])

@@ -100,6 +100,7 @@ class PlacerConfig(Section):
     scan_limit: int = Field(256, ge=1)  # placement attempts per pass (like Slurm's bf_max_job_test)
     preempt_tries: int = Field(4, ge=1)  # pre-emption searches per pass (each weighs every node), highest priority first
     instant_first: bool = False  # search first among victims that go at once (killed, not told to save), then among all
+    spare_gangs: bool = False  # search among victims held on one node before all (a gang evicted for a smaller head frees GPUs the head does not use)
     usage_half_life_s: float | None = Field(3 * 3600.0, gt=0)  # fair share counts past use, decayed with this half-life (longhaul.runtime.scheduling.usage); None: the share held now only
     usage_lookahead_s: float = Field(600.0, ge=0)  # a job counts as this much use the moment it starts (no burst of one domain in one pass)
     fair_preempt_after_s: float | None = Field(None, ge=0)  # a head waiting this long may evict jobs of over-share domains of its own priority; None: never

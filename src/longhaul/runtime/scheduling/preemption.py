@@ -32,6 +32,10 @@ of waiting out a save of 1-4.5 min, at the price of killing work the save would 
 (measured on the full runs, docs/scheduling.md: fairness 0.101 -> 0.085 on one workload, no
 change on the other, p99 worse on both; with a 12% class floor instead of 10%, the preset:
 0.089 -> 0.084 and 0.101 -> 0.088, p99 below FIFO's on both).
+
+With `spare_gangs` a search weighs the victims held on one node before all of them (after those
+killed at once, with `instant_first`): a head that evicts a gang spanning several nodes frees
+GPUs it does not use, and the gang saves and later reloads on all of them.
 """
 
 from __future__ import annotations
@@ -76,6 +80,12 @@ class Preemption:
         None if that is none or all of them (a search of its own would add nothing)."""
         instant = {jid: r for jid, r in runs.items() if not self._told(r, now)}
         return self._candidates(instant) if instant and len(instant) < len(runs) else None
+
+    def _on_one_node(self, runs: dict) -> tuple | None:
+        """The candidates among `runs` held on one node (`spare_gangs`); None if that is none or
+        all of them."""
+        local = {jid: r for jid, r in runs.items() if len(self.c.holdings[jid]) == 1}
+        return self._candidates(local) if local and len(local) < len(runs) else None
 
     def _may_kill_again(self, r: Running, now: float) -> bool:
         """With `preempt_keeps_progress`, a job killed before is a victim again only once it got on."""
@@ -136,6 +146,10 @@ class Preemption:
             instant = self._victims(job.priority, now, at_once=True) if mode == "priority" else self._at_once(every[0], now)
             if instant is not None:
                 stages.insert(0, instant)
+        if self.cfg.spare_gangs:  # before all, among those on one node: evicting a gang frees GPUs the head does not use
+            local = self._on_one_node(every[0])
+            if local is not None:
+                stages.insert(len(stages) - 1, local)
         nodes, chosen = None, None
         for runs, bonus, summaries, total in stages:
             if runs and all(t <= f + e for t, f, e in zip(job.total, c.free_total, total)):
