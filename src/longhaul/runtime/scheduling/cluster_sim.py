@@ -240,7 +240,7 @@ class Simulation:
             self.ledgers[m].change(run.job.domain, now, held=share, queued=-share)
 
     def _worked(self, jid: str, now: float) -> tuple[float, float]:
-        """(nominal work seconds done, the part of the run inside the window) of a run that stops now."""
+        """(nominal work seconds done, the part of the run inside the window) of its run so far."""
         start, load, slow, _ = self.run_spans[jid][-1]
         return max(0.0, now - start - load) / slow, self._in_window(start, now) / max(now - start, 1e-9)
 
@@ -472,9 +472,8 @@ class Simulation:
         for jid, run in self.placer.running.items():  # work done so far by jobs still running at the end
             if self._run_of(run.job):
                 continue
-            start, load, slow, _ = self.run_spans[jid][-1]
-            frac = self._in_window(start, self.end) / max(self.end - start, 1e-9)
-            self.goodput_gpu_s += sum(u.needs.gpus for u in run.job.units) * max(0.0, self.end - start - load) / slow * frac
+            worked, frac = self._worked(jid, self.end)
+            self.goodput_gpu_s += sum(u.needs.gpus for u in run.job.units) * worked * frac
         return self.report()
 
     def jobs_of(self, ids) -> set[str]:

@@ -76,16 +76,18 @@ class Preemption:
         return self._bonus[key]
 
     def _at_once(self, runs: dict, now: float) -> tuple | None:
-        """The candidates among `runs` that would be killed, not told to save (`instant_first`);
-        None if that is none or all of them (a search of its own would add nothing)."""
-        instant = {jid: r for jid, r in runs.items() if not self._told(r, now)}
-        return self._candidates(instant) if instant and len(instant) < len(runs) else None
+        """The candidates among `runs` that would be killed, not told to save (`instant_first`)."""
+        return self._subset(runs, lambda r: not self._told(r, now))
 
     def _on_one_node(self, runs: dict) -> tuple | None:
-        """The candidates among `runs` held on one node (`spare_gangs`); None if that is none or
-        all of them."""
-        local = {jid: r for jid, r in runs.items() if len(self.c.holdings[jid]) == 1}
-        return self._candidates(local) if local and len(local) < len(runs) else None
+        """The candidates among `runs` held on one node (`spare_gangs`)."""
+        return self._subset(runs, lambda r: len(self.c.holdings[r.job.id]) == 1)
+
+    def _subset(self, runs: dict, keep) -> tuple | None:
+        """The candidates among `runs` that `keep` accepts, for a search of their own before all of
+        them; None if that is none or all of them (such a search would add nothing)."""
+        some = {jid: r for jid, r in runs.items() if keep(r)}
+        return self._candidates(some) if some and len(some) < len(runs) else None
 
     def _may_kill_again(self, r: Running, now: float) -> bool:
         """With `preempt_keeps_progress`, a job killed before is a victim again only once it got on."""
