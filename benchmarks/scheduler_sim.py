@@ -58,6 +58,7 @@ def run_policies(spec: WorkloadSpec, policies: list[str], tick_s: float, show: b
     workload = {"jobs": len(jobs), "gpus": sum(n.capacity.gpus for n in nodes), "cpus": sum(n.capacity.cpus for n in nodes),
                 "offered_gpu_hours": sum(sum(u.needs.gpus for u in j.job.units) * j.work_s for j in jobs) / 3600,
                 "offered_cpu_hours": sum(sum(u.needs.cpus for u in j.job.units) * j.work_s for j in jobs) / 3600}
+    workload["offered_gpu_load"] = workload["offered_gpu_hours"] / (workload["gpus"] * spec.hours)  # this draw's, not the spec's mean
     results = {}
     with progress_bar(show) as prog:
         for name in policies:
@@ -76,8 +77,8 @@ def run_policies(spec: WorkloadSpec, policies: list[str], tick_s: float, show: b
     return workload, results
 
 
-def goal(results: dict, baseline: str = "fifo") -> dict:
-    ours, base = results.get("longhaul"), results.get(baseline)
+def goal(results: dict, baseline: str = "fifo", policy: str = "longhaul") -> dict:
+    ours, base = results.get(policy), results.get(baseline)
     if not ours or not base:
         return {}
     return {"higher_gpu_utilisation": ours["gpu_utilisation"] > base["gpu_utilisation"],
@@ -122,7 +123,8 @@ def _assumptions(spec: WorkloadSpec, workload: dict, tick_s: float) -> list[str]
     return [f"{spec.nodes} nodes in {spec.racks} racks ({workload['gpus']} GPUs, {workload['cpus']:.0f} CPUs); {spec.domains} domains",
             f"{workload['jobs']} jobs over {spec.hours:g} h (first {spec.warmup_hours:g} h not measured); offered load {spec.load:g} x GPU "
             f"capacity on average, daily cycle +-{100 * spec.diurnal:.0f}%, {100 * spec.sweep_prob:.0f}% of arrivals are sweeps of 5-40 jobs",
-            f"offered work: {workload['offered_gpu_hours']:.0f} GPU-h, {workload['offered_cpu_hours']:.0f} CPU-h (before checkpoint loads)",
+            f"offered work: {workload['offered_gpu_hours']:.0f} GPU-h, {workload['offered_cpu_hours']:.0f} CPU-h (before checkpoint loads); "
+            f"this draw offers {workload['offered_gpu_load']:.3f} x the GPU capacity",
             "checkpoint loads: node cache %g GB/s, same rack %g GB/s, storage %g GB/s; a gang spanning r racks runs 1 + %g (r - 1) "
             "times slower (%g below 32 GB)" % (cluster_sim.LOCAL_GBPS, cluster_sim.RACK_GBPS, cluster_sim.REMOTE_GBPS,
                                                 cluster_sim.CROSS_RACK_LARGE, cluster_sim.CROSS_RACK_SMALL),
