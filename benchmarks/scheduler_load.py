@@ -3,7 +3,8 @@ any seeds and `--load`s), orders them by the GPU load each draw offers, and prin
 writes a JSON and an HTML page with the fairness error, the p99 delay and the jobs left
 waiting against that load.
 
-    python benchmarks/scheduler_load.py benchmarks/results/scheduler_sim*.json --out benchmarks/results/scheduler_load.json
+    python benchmarks/scheduler_load.py benchmarks/results/scheduler_sim.json benchmarks/results/scheduler_sim_seed[123].json \
+        benchmarks/results/scheduler_sim_seed*_load*.json
 
 The workload's `load` is the mean the arrival rate is set for; each draw offers its own amount
 of work (`offered_gpu_load`: its GPU-hours of work over the GPUs x hours), and that, not the
@@ -24,9 +25,8 @@ from longhaul.eval.svg import line_chart
 from longhaul.runtime.progress import console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scheduler_sim import _atomic_write, goal  # noqa: E402
+from scheduler_sim import FAIRNESS_GOAL as GOAL, _atomic_write, goal, offered_gpu_load  # noqa: E402
 
-GOAL = 0.05  # fairness within 5% of the weights (issue 9)
 # all of them: the goal met. Utilisation is judged over the hours both runs had jobs waiting: where both finish every
 # job, both do the same work and FIFO's extra allocation is checkpoint loads (goodput is in the table)
 MET = ("fairness_within_5pct", "lower_p99_delay", "higher_gpu_utilisation_backlogged")
@@ -35,8 +35,7 @@ MET = ("fairness_within_5pct", "lower_p99_delay", "higher_gpu_utilisation_backlo
 def offered_load(data: dict) -> float:
     """The GPU load a run's draw offers: recorded, or (runs before it was) its offered GPU-hours
     over the GPUs x the hours of arrivals."""
-    w = data["workload"]
-    return w.get("offered_gpu_load") or w["offered_gpu_hours"] / (w["gpus"] * data["spec"]["hours"])
+    return data["workload"].get("offered_gpu_load") or offered_gpu_load(data["workload"], data["spec"]["hours"])
 
 
 def row(path: Path, data: dict, policy: str, baseline: str) -> dict:
@@ -86,7 +85,7 @@ def write_html(path: Path, rows: list[dict], policy: str, baseline: str) -> None
     charts = [
         line_chart({f"{policy}, 6 h": (xs, [x["fairness_error_policy"] for x in real]),
                     f"{policy}, 1 h": (xs, [x["fairness_error_1h_policy"] for x in real]),
-                    "goal": ([min(xs), max(xs)], [GOAL, GOAL])},
+                    "goal": (xs[:1] + xs[-1:], [GOAL] * min(len(xs), 2))},  # rows come sorted by load
                    "fairness error by offered load", "offered GPU load (x capacity)", "error", y_min=0.0),
         line_chart({f"{baseline}, 6 h": (xs, [x["fairness_error_baseline"] for x in real]),
                     f"{baseline}, 1 h": (xs, [x["fairness_error_1h_baseline"] for x in real])},

@@ -36,6 +36,7 @@ from longhaul.runtime.scheduling.workload import (CHECKPOINT_EVERY_S, NOTICE_OVE
                                                   STORAGE_GBPS, TRAIN_STATE_X, WorkloadSpec, make_workload)
 
 GPU_WORKER_CPUS_PER_GPU = 6  # what the workload's GPU workers ask (workload._job): the placer keeps that many beside a free GPU
+FAIRNESS_GOAL = 0.05  # the issue's goal: fairness within 5% of the weights, in 6 h and 1 h windows
 
 
 def policy_config(entry: str):
@@ -56,9 +57,9 @@ def policy_config(entry: str):
 def run_policies(spec: WorkloadSpec, policies: list[str], tick_s: float, show: bool = True) -> tuple[dict, dict]:
     nodes, domains, jobs = make_workload(spec)
     workload = {"jobs": len(jobs), "gpus": sum(n.capacity.gpus for n in nodes), "cpus": sum(n.capacity.cpus for n in nodes),
-                "offered_gpu_hours": sum(sum(u.needs.gpus for u in j.job.units) * j.work_s for j in jobs) / 3600,
-                "offered_cpu_hours": sum(sum(u.needs.cpus for u in j.job.units) * j.work_s for j in jobs) / 3600}
-    workload["offered_gpu_load"] = workload["offered_gpu_hours"] / (workload["gpus"] * spec.hours)  # this draw's, not the spec's mean
+                "offered_gpu_hours": sum(j.job.total[2] * j.work_s for j in jobs) / 3600,
+                "offered_cpu_hours": sum(j.job.total[0] / 1000 * j.work_s for j in jobs) / 3600}  # the ledger counts milli-CPUs
+    workload["offered_gpu_load"] = offered_gpu_load(workload, spec.hours)
     results = {}
     with progress_bar(show) as prog:
         for name in policies:
@@ -77,6 +78,12 @@ def run_policies(spec: WorkloadSpec, policies: list[str], tick_s: float, show: b
     return workload, results
 
 
+def offered_gpu_load(workload: dict, hours: float) -> float:
+    """The GPU load a draw offers: its GPU-hours of work over the GPUs x the hours of arrivals
+    (the spec's `load` is only the mean the arrival rate is set for)."""
+    return workload["offered_gpu_hours"] / (workload["gpus"] * hours)
+
+
 def goal(results: dict, baseline: str = "fifo", policy: str = "longhaul") -> dict:
     ours, base = results.get(policy), results.get(baseline)
     if not ours or not base:
@@ -85,8 +92,8 @@ def goal(results: dict, baseline: str = "fifo", policy: str = "longhaul") -> dic
             "higher_cpu_utilisation": ours["cpu_utilisation"] > base["cpu_utilisation"],
             "higher_gpu_goodput": ours["gpu_goodput"] > base["gpu_goodput"],
             "higher_gpu_utilisation_backlogged": _backlogged_gpu(ours, base) > _backlogged_gpu(base, ours),
-            "fairness_within_5pct": ours["fairness_error"] <= 0.05 and ours["fairness_error_1h"] <= 0.05,  # 6 h and 1 h windows
-            "fairness_within_5pct_waits": ours["fairness_error_waits"] <= 0.05,
+            "fairness_within_5pct": ours["fairness_error"] <= FAIRNESS_GOAL and ours["fairness_error_1h"] <= FAIRNESS_GOAL,  # 6 h and 1 h windows
+            "fairness_within_5pct_waits": ours["fairness_error_waits"] <= FAIRNESS_GOAL,
             "lower_p99_delay": ours["delay_p99_s"] < base["delay_p99_s"], "baseline": baseline}
 
 

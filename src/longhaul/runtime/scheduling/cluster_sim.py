@@ -254,11 +254,11 @@ class Simulation:
             return
         worked, frac = self._worked(jid, now)
         self.remaining[jid] -= worked
-        self.goodput_gpu_s += sum(u.needs.gpus for u in run.job.units) * worked * frac
+        self.goodput_gpu_s += run.job.total[2] * worked * frac
 
     def _on_stop(self, run: Running, now: float, preempted: bool) -> None:
         jid = run.job.id
-        gpus = sum(u.needs.gpus for u in run.job.units)
+        gpus = run.job.total[2]
         rr = self._run_of(run.job)
         if jid in self.told:  # it saved on notice: its work was kept then, the save is lost
             self.lost_gpu_s += gpus * self._in_window(self.told.pop(jid), now)
@@ -473,7 +473,7 @@ class Simulation:
             if self._run_of(run.job):
                 continue
             worked, frac = self._worked(jid, self.end)
-            self.goodput_gpu_s += sum(u.needs.gpus for u in run.job.units) * worked * frac
+            self.goodput_gpu_s += run.job.total[2] * worked * frac
         return self.report()
 
     def jobs_of(self, ids) -> set[str]:

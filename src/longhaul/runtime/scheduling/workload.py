@@ -137,7 +137,7 @@ def _job(rng: random.Random, d: DomainSpec, kind: str, jid: str, t: float, save_
 
 
 def _gpu_seconds(job: Job, work: float) -> float:
-    return sum(u.needs.gpus for u in job.units) * work
+    return job.total[2] * work
 
 
 def make_jobs(spec: WorkloadSpec, domains: list[DomainSpec], rng: random.Random) -> list[SimJob]:
