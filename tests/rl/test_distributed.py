@@ -180,6 +180,8 @@ def _accumulate_rank(rank: int, init: str, out) -> None:
             got[name] = (local, _grads(dp))
         if rank == 0:
             out.put(got)
+        dist.barrier()  # both leave together, as in _rank: rank 1 leaving while rank 0 still put its result aborted
+        # in gloo's teardown ("terminate called without an active exception", SIGABRT) in a CI run
     finally:
         dist.destroy_process_group()
 
