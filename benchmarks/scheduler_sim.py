@@ -31,6 +31,7 @@ from rich.table import Table
 from longhaul.eval.svg import bar_chart, line_chart
 from longhaul.runtime.progress import console, progress_bar
 from longhaul.runtime.scheduling import cluster_sim
+from longhaul.runtime.scheduling.cluster import Resources
 from longhaul.runtime.scheduling.placer import PRESETS, PlacerConfig
 from longhaul.runtime.scheduling.workload import (CHECKPOINT_EVERY_S, NOTICE_OVERHEAD_S, REPLICA_LEAVE_S, SAVES_ON_NOTICE,
                                                   STORAGE_GBPS, TRAIN_STATE_X, WorkloadSpec, make_workload)
@@ -58,7 +59,7 @@ def run_policies(spec: WorkloadSpec, policies: list[str], tick_s: float, show: b
     nodes, domains, jobs = make_workload(spec)
     workload = {"jobs": len(jobs), "gpus": sum(n.capacity.gpus for n in nodes), "cpus": sum(n.capacity.cpus for n in nodes),
                 "offered_gpu_hours": sum(j.job.total[2] * j.work_s for j in jobs) / 3600,
-                "offered_cpu_hours": sum(j.job.total[0] / 1000 * j.work_s for j in jobs) / 3600}  # the ledger counts milli-CPUs
+                "offered_cpu_hours": sum(Resources.of(j.job.total).cpus * j.work_s for j in jobs) / 3600}
     workload["offered_gpu_load"] = offered_gpu_load(workload, spec.hours)
     results = {}
     with progress_bar(show) as prog:

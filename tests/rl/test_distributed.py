@@ -2,6 +2,8 @@
 the groups, take the same step as one process with the whole batch (within 1e-5), including
 steps where one rank trains nothing, has fewer micro-batches than the other, or gets no groups."""
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -54,24 +56,33 @@ def _trainer(dp=None, lora: bool = False, train: TrainConfig = TRAIN):
     return GRPOTrainer(policy, tok.pad_token_id, ALGO, train, 1.0, 8, dp=dp)
 
 
-def _rank(rank: int, world: int, init: str, out, path: str, strategy: str, lora: bool, train: TrainConfig, batches) -> None:
+@contextmanager
+def _gloo_group(rank: int, world: int, init: str):
+    """One rank's gloo group. Every rank that finishes meets the others at a barrier before the
+    teardown (as ShardedTrainer.close's last scatter does): a rank left in gloo's teardown while
+    its peer was still saving hung past 180 s twice in a full make test, and one leaving while its
+    peer still put its result aborted there in CI ("terminate called without an active exception")."""
     import torch.distributed as dist
 
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        yield
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _rank(rank: int, world: int, init: str, out, path: str, strategy: str, lora: bool, train: TrainConfig, batches) -> None:
     from longhaul.rl.distributed import DATA_PARALLEL
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
+    with _gloo_group(rank, world, init):
         tr = _trainer(DATA_PARALLEL.get_fn(strategy)(), lora, train)
         metrics = [tr.step(shard(groups, world)[rank]) for groups in batches]
         state = tr.policy.state_dict()
         if rank == 0:  # tensors go through a file: a queue would share memory with a process about to exit
             torch.save(state, path)
             out.put(metrics)
-        dist.barrier()  # both leave together (as ShardedTrainer.close's last scatter does): a rank left in gloo's teardown
-        # while its peer was still saving hung past 180 s twice in a full make test
-    finally:
-        dist.destroy_process_group()
 
 
 def _two_ranks(tmp_path, strategy: str, lora: bool = False, train: TrainConfig = TRAIN, batches=None):
@@ -161,12 +172,9 @@ def _grads(dp) -> list:
 
 def _accumulate_rank(rank: int, init: str, out) -> None:
     """On a tiny linear layer, per strategy: the gradient after an `accumulate()` backward, and after the synced one."""
-    import torch.distributed as dist
-
     from longhaul.rl.distributed import DATA_PARALLEL
 
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    try:
+    with _gloo_group(rank, 2, init):
         got = {}
         for name in ("ddp", "fsdp2"):
             torch.manual_seed(0)
@@ -180,10 +188,6 @@ def _accumulate_rank(rank: int, init: str, out) -> None:
             got[name] = (local, _grads(dp))
         if rank == 0:
             out.put(got)
-        dist.barrier()  # both leave together, as in _rank: rank 1 leaving while rank 0 still put its result aborted
-        # in gloo's teardown ("terminate called without an active exception", SIGABRT) in a CI run
-    finally:
-        dist.destroy_process_group()
 
 
 def test_accumulate_defers_the_gradient_sum_to_the_last_backward(tmp_path):
