@@ -30,6 +30,7 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True  # RL groups share one prompt; the cache prefills it once
     quantization: Literal["int8"] | None = None  # int8 weight-only projections (quant.py): half the weight bytes of bf16
     kv_cache_dtype: Literal["auto", "int8", "int4"] = "auto"  # auto: the model dtype; int8/int4 codes via kv_quant.py
+    adaptive_threads: bool = True  # time steps at fewer threads now and then and keep the fastest (threads.py): a shared machine
     seed: int = 0  # seeds requests that bring none (request i gets a seed derived from this and i)
 
     @property

@@ -44,6 +44,7 @@ from longhaul.inference.model_runner import BatchItem, ModelRunner
 from longhaul.inference.outputs import RequestOutput, output_of
 from longhaul.inference.sampling import SamplingParams, sample
 from longhaul.inference.scheduler import Scheduler
+from longhaul.inference.threads import ThreadGovernor
 from longhaul.inference.sequence import Sequence
 
 
@@ -85,6 +86,7 @@ class LLMEngine:
         self._cond = threading.Condition()
         self._paused = False
         self.spec = None  # a spec_worker.SpecDecoder takes over forward + sample when set
+        self.threads = ThreadGovernor() if cfg.adaptive_threads else None  # intra-op threads from measured step times
         if speculative_config is not None:
             from longhaul.inference.spec_worker import SpecDecoder, SpeculativeConfig
 
@@ -156,28 +158,39 @@ class LLMEngine:
             batch = self.scheduler.schedule()
             if not batch:
                 return []
-            if self.spec is not None:
-                return self.spec.step(batch)
-            items = []
-            for seq, n in zip(batch.seqs, batch.num_new_tokens):
-                c = seq.num_computed_tokens
-                items.append(BatchItem(seq.token_ids[c:c + n], c, seq.block_table, int(c + n == seq.num_tokens)))
-            logits = self.runner.forward(self.runner.prepare(items))
-            sampling = [s for s, it in zip(batch.seqs, items) if it.num_logits]
-            for seq, n in zip(batch.seqs, batch.num_new_tokens):
-                seq.num_computed_tokens += n
-                self.block_manager.cache_blocks(seq)
-            if not sampling:
-                return []
-            res = sample(logits, [s.params for s in sampling], [s.generator for s in sampling], [s.banned_tokens() for s in sampling])
-            for b, seq in enumerate(sampling):
-                if seq.num_output_tokens == 0:
-                    self.prompt_tokens_total += seq.num_prompt_tokens
-                seq.append_token(res.token_ids[b], res.logprobs[b], res.top_logprobs[b], self.weight_version, self.tokenizer)
-                self.generation_tokens_total += 1
-                if seq.finish_reason is not None:
-                    self.scheduler.finish(seq, seq.finish_reason)
-            return sampling
+            threads = self.threads
+            if threads is not None:
+                threads.begin((len(batch.seqs), sum(batch.num_new_tokens)))
+            try:
+                return self._run(batch)
+            finally:
+                if threads is not None:
+                    threads.end()
+
+    def _run(self, batch) -> list[Sequence]:
+        """Forward and sample one scheduled batch (under the step lock)."""
+        if self.spec is not None:
+            return self.spec.step(batch)
+        items = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            c = seq.num_computed_tokens
+            items.append(BatchItem(seq.token_ids[c:c + n], c, seq.block_table, int(c + n == seq.num_tokens)))
+        logits = self.runner.forward(self.runner.prepare(items))
+        sampling = [s for s, it in zip(batch.seqs, items) if it.num_logits]
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+            self.block_manager.cache_blocks(seq)
+        if not sampling:
+            return []
+        res = sample(logits, [s.params for s in sampling], [s.generator for s in sampling], [s.banned_tokens() for s in sampling])
+        for b, seq in enumerate(sampling):
+            if seq.num_output_tokens == 0:
+                self.prompt_tokens_total += seq.num_prompt_tokens
+            seq.append_token(res.token_ids[b], res.logprobs[b], res.top_logprobs[b], self.weight_version, self.tokenizer)
+            self.generation_tokens_total += 1
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq, seq.finish_reason)
+        return sampling
 
     def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams] | None = None
                  ) -> list[RequestOutput]:
@@ -195,10 +208,14 @@ class LLMEngine:
         for rid, prompt, p in zip(ids, prompts, plist):
             self.add_request(rid, prompt, p)
         seqs = [self.requests[r] for r in ids]
-        while not all(s.finished for s in seqs):  # an abort from another thread also finishes one
-            with self._cond:
-                self._cond.wait_for(lambda: not self._paused)
-            self._step()
+        try:
+            while not all(s.finished for s in seqs):  # an abort from another thread also finishes one
+                with self._cond:
+                    self._cond.wait_for(lambda: not self._paused)
+                self._step()
+        finally:
+            if self.threads is not None:
+                self.threads.release()
         for r in ids:
             self.requests.pop(r, None)
         return [output_of(s) for s in seqs]

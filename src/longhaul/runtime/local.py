@@ -22,6 +22,7 @@ import queue
 import threading
 import traceback
 
+from longhaul.cpus import available_cpus
 from longhaul.runtime.pool import WorkerPool, policy_tensors
 from longhaul.runtime.rollout import RolloutRequest, RolloutResult, RolloutWorker, WeightWatcher, make_sampler, worker_from_config
 from longhaul.runtime.weights import FileWeights, InProcessWeights, SharedMemoryWeights, SyncStats
@@ -29,17 +30,13 @@ from longhaul.runtime.weights import FileWeights, InProcessWeights, SharedMemory
 
 def worker_threads(cfg) -> int:
     """Torch threads of each local process worker (see runtime.worker_threads)."""
-    import os
-
     rt = cfg.runtime
-    return rt.worker_threads or max(1, (os.cpu_count() or 1) // (rt.workers + 1))
+    return rt.worker_threads or max(1, available_cpus() // (rt.workers + 1))
 
 
 def trainer_threads(cfg) -> int:
     """Threads the trainer keeps while local process workers generate: the cores they leave."""
-    import os
-
-    return max(1, (os.cpu_count() or 1) - cfg.runtime.workers * worker_threads(cfg))
+    return max(1, available_cpus() - cfg.runtime.workers * worker_threads(cfg))
 
 
 class InlineRollouts:
@@ -192,7 +189,7 @@ def _child_main(cfg_json: str, wid: int, transport, conn, box, threads: int, cap
 
     keep_freed_memory()
     leave_to_the_parent()
-    cores = os.cpu_count() or 1
+    cores = available_cpus()
     torch.set_num_threads(threads)
     lock = threading.Lock()
 
@@ -200,8 +197,13 @@ def _child_main(cfg_json: str, wid: int, transport, conn, box, threads: int, cap
         with lock:  # several request threads share the pipe
             conn.send(msg)
 
+    wanted = [threads]
+
     def hook() -> None:  # runs in the stepping thread: torch's thread count is per thread
-        torch.set_num_threads(threads if trainer_busy.value else cores)
+        n = threads if trainer_busy.value else cores
+        if n != wanted[0]:  # only on a change: the engine's governor may have set fewer, and switching is costly
+            wanted[0] = n
+            torch.set_num_threads(n)
 
     cfg = RunConfig.model_validate_json(cfg_json)
     _serve(lambda: worker_from_config(cfg, f"process-{wid}"), transport, wid, send, box, capacity=capacity, step_hook=hook)

@@ -1,0 +1,102 @@
+"""`ThreadGovernor`: the engine's intra-op thread count, chosen from measured step times.
+
+A decode step of a small model is hundreds of short parallel regions, each ending at a join
+where every thread must arrive. When another process shares the cores, one of the engine's
+threads is often descheduled and every region waits for it: two threads on two cores beside
+one busy process can run several times slower than one thread. No static count is right on a
+shared machine, so the governor measures: every so often it runs a few steps at each candidate
+count (the cap the caller set, half of it, one) and keeps the fastest, probing again sooner
+after a change and less often while the choice holds (its interval doubles up to a bound).
+
+Only steps of the same shape (sequences, new tokens) are compared; a probe whose shape
+changes is dropped. The first step after a switch is not timed (the thread pool wakes up).
+Thread count does not change what is computed: the native kernels split work by output
+columns, never along a reduction, so outputs are the same whichever count runs (tested).
+
+Owns the choice and its timing only; the caller brackets each step with `begin` and `end`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+class ThreadGovernor:
+    def __init__(self, probe_steps: int = 3, first_probe: int = 4, min_interval: int = 32, max_interval: int = 512,
+                 clock: Callable[[], float] = time.perf_counter, set_threads: Callable[[int], None] = torch.set_num_threads,
+                 get_threads: Callable[[], int] = torch.get_num_threads):
+        self.probe_steps = probe_steps  # timed steps per candidate; the median decides
+        self.min_interval, self.max_interval = min_interval, max_interval  # steps between probes
+        self.clock, self._set, self._get = clock, set_threads, get_threads
+        self.choice: int | None = None  # None: the cap
+        self.interval = min_interval
+        self._until_probe = first_probe  # probe early: a contended machine is found within a few steps
+        self._plan: list[int] = []  # the thread count of each remaining probe step (count repeated)
+        self._times: dict[int, list[float]] = {}
+        self._shape = None
+        self._step = None  # (threads, timed, t0) of the step in flight
+        self._cap = 1
+        self._applied: int | None = None  # the count we set last; a different current count is the caller's
+        self.switches = 0  # times the choice changed (a metric)
+
+    def _candidates(self, cap: int) -> list[int]:
+        return sorted({cap, max(1, cap // 2), 1}, reverse=True)
+
+    def begin(self, shape) -> int:
+        """Before a step of this shape: set and return the thread count it runs with. The count
+        stays set after the step (switching costs more than a step); `release` gives it back."""
+        cur = self._get()
+        if cur != self._applied:
+            self._cap = cur  # the caller set it since our last step: that is the cap now
+        cap = self._cap
+        if cap <= 1:
+            self._step = None
+            return cur
+        if self._plan and shape != self._shape:
+            self._plan, self._times = [], {}  # the batch changed under the probe: try again soon
+            self._until_probe = 1
+        if not self._plan and self._until_probe <= 0:
+            self._shape, self._times = shape, {}
+            for n in self._candidates(cap):
+                self._plan += [n] * (self.probe_steps + 1)
+        if self._plan:
+            n = self._plan.pop(0)
+            timed = n in self._times  # the first step at each count only warms its pool up
+            self._times.setdefault(n, [])
+        else:
+            n, timed = min(self.choice or cap, cap), False
+            self._until_probe -= 1
+        if n != cur:
+            self._set(n)
+        self._applied = n
+        self._step = (n, timed, self.clock())
+        return n
+
+    def release(self) -> None:
+        """Give the caller's thread count back (e.g. when `generate` returns to a trainer)."""
+        if self._applied is not None and self._applied != self._cap and self._get() == self._applied:
+            self._set(self._cap)
+        self._applied = None
+
+    def end(self) -> None:
+        """After the step: record its time; settle a finished probe."""
+        if self._step is None:
+            return
+        n, timed, t0 = self._step
+        self._step = None
+        if timed:
+            self._times[n].append(self.clock() - t0)
+        if not self._plan and self._times:
+            best = min(self._times, key=lambda k: (statistics.median(self._times[k]) if self._times[k] else float("inf"), -k))
+            if best != (self.choice or self._cap):
+                self.switches += 1
+                self.interval = self.min_interval
+            else:
+                self.interval = min(self.interval * 2, self.max_interval)
+            self.choice = best
+            self._times = {}
+            self._until_probe = self.interval
