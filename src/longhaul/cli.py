@@ -137,14 +137,22 @@ def envcheck(
 
 @app.command()
 def data(
-    kind: str = typer.Argument(..., help="sft (prompt + reference completion) or prefs (chosen reference vs a failing mutant)"),
-    family: str = typer.Argument(..., help="a single-turn task family, e.g. funcgen, or package.module:Name"),
+    kind: str = typer.Argument(..., help="sft (verified demonstrations) or prefs (chosen reference vs a failing mutant)"),
+    family: str = typer.Argument(..., help="a task family (funcgen, bugfix, terminal, multistep, ...) or package.module:Name"),
     out: str = typer.Option(..., "--out", help="the JSONL file to write"),
     n: int = typer.Option(200, "--n", help="tasks to draw"),
-    split: str = typer.Option("train", "--split", help="train or heldout"),
+    split: str = typer.Option("train", "--split", help="train or heldout (multi-turn demonstrations: train only)"),
     difficulty: int = typer.Option(1, "--difficulty"),
+    variants: str = typer.Option("reference,explore,repair", "--variants",
+                                 help="multi-turn families: which demonstrations to make of each task"),
+    seed: int = typer.Option(0, "--seed", help="multi-turn families: seeds the exploration orders and wrong attempts"),
 ):
-    """Build an SFT or preference dataset from a task family, every reply checked by its verifier."""
+    """Build an SFT or preference dataset from a task family, every row checked by its verifier.
+
+    Single-turn families give prompt + reference reply rows; workspace (multi-turn) families give
+    chat rows of whole agent episodes replayed through the sandbox (see longhaul.agent.demos)."""
+    from collections import Counter
+
     from longhaul.envs import get_family
     from longhaul.envs.datasets import build_rows, write_jsonl
     from longhaul.runtime.progress import console, progress_bar
@@ -152,6 +160,23 @@ def data(
     if kind not in ("sft", "prefs"):
         raise LonghaulError(f"unknown dataset kind {kind!r}; use sft or prefs")
     fam = get_family(family)
+    if fam.kind == "workspace":
+        from longhaul.agent.demos import build_demos, validate
+
+        if kind != "sft":
+            raise LonghaulError(f"family {family!r} is multi-turn; it gives sft demonstrations, not prefs")
+        chosen = tuple(v.strip() for v in variants.split(",") if v.strip())
+        validate(fam, chosen, split)
+        with progress_bar(True) as prog:
+            bar = prog.add_task(f"demonstrations from {family}", total=n * len(chosen), info="")
+            rows = build_demos(fam, n, difficulty, chosen, seed, on_done=lambda traj: prog.advance(bar), split=split)
+        if not rows:
+            raise LonghaulError(f"no demonstration of {n} {family} tasks passed its hidden checks; run `longhaul envcheck {family}`")
+        path = write_jsonl(rows, out)
+        kinds = Counter(r["variant"] for r in rows)
+        console.print(f"wrote {len(rows)} verified demonstrations ({', '.join(f'{k} {v}' for k, v in kinds.items())}; "
+                      f"{sum(r['repair'] for r in rows)} with a repair) to {path}")
+        return
     with progress_bar(True) as prog:
         bar = prog.add_task(f"{kind} from {family}", total=n, info="")
         rows = build_rows(fam, kind, split, n, difficulty, on_task=lambda: prog.advance(bar))
@@ -347,6 +372,9 @@ def main(argv: list[str] | None = None) -> None:
     from longhaul.malloc import keep_freed_memory
 
     keep_freed_memory()  # training steps reuse their freed buffers instead of page-faulting them in again
+    from longhaul.cpus import apply_default_threads
+
+    apply_default_threads()  # no more compute threads than the affinity mask and cgroup quota give us
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]

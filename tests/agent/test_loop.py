@@ -141,3 +141,42 @@ def test_many_tasks_run_in_waves_and_keep_their_order_and_groups(tok):
                          AgentConfig(max_tokens=100_000, max_live=2), keys=list(scripts), groups=[9, 9, 8, 8, 7])
     assert [t.reward for t in trajs] == [1.0, 0.0, 1.0, 0.0, 1.0] and [t.group for t in trajs] == [9, 9, 8, 8, 7]
     assert [t.info["task_id"] for t in trajs] == [f"t/v1/{i}" for i in range(5)]
+
+
+def test_elide_keeps_a_long_episode_going_where_truncate_ends_it(tok):
+    reads = [format_call("run", command=f"python3 -c \"print('x' * 1500)\"  # {k}") for k in range(5)]
+    script = reads + ORACLE[1:]
+    base = AgentConfig(max_turns=12, max_tokens=6000, max_new_tokens=200, temperature=0)
+    cut = run_episodes(ScriptedPolicy(tok, {"k": script}), tok, lambda t: WorkspaceEnv(), [task()], base, keys=["k"])[0]
+    assert cut.info["ended"] == "truncated" and cut.info["truncated_by"] == "context" and not cut.info["passed"]
+    cfg = AgentConfig(max_turns=12, max_tokens=6000, max_new_tokens=200, temperature=0, context="elide", keep_outputs=1,
+                      keep_messages=True)
+    kept = run_episodes(ScriptedPolicy(tok, {"k": script}), tok, lambda t: WorkspaceEnv(), [task()], cfg, keys=["k"])[0]
+    assert kept.info["ended"] == "done" and kept.info["passed"] and kept.info["elided"] >= 3
+    assert kept.info["segments"] > 1  # the elided history is a new segment: the trainer never sees a prompt it was not sampled from
+    assert max(len(t.prompt_ids) + len(t.completion_ids) for t in kept.turns) <= cfg.max_tokens
+    outputs = [m["content"] for m in kept.info["messages"] if m["role"] == "tool"]
+    assert sum(o.startswith("[output elided") for o in outputs) == kept.info["elided"]
+    assert "x" * 1500 in outputs[4], "the most recent output is kept whole"
+    for t in kept.turns:  # every turn's prompt is what the model saw: it decodes to the elided history, never the full one
+        assert t.prompt_ids[:len(kept.turns[0].prompt_ids)] == kept.turns[0].prompt_ids
+
+
+def test_agent_counters_and_metrics(tok):
+    from longhaul.eval.agent_metrics import agent_metrics
+
+    bad = "<tool_call>{not json}</tool_call>"
+    scripts = {"solve": [format_call("run", command="false"), *ORACLE],  # a failing command, then the fix: a repair
+               "loop": [format_call("list_dir"), format_call("list_dir"), bad, format_call("submit")],
+               "wander": [format_call("list_dir")] * 3}
+    cfg = AgentConfig(max_turns=3 + 1, temperature=0)
+    trajs = run_episodes(ScriptedPolicy(tok, scripts), tok, lambda t: WorkspaceEnv(), [task(0), task(1), task(2)], cfg,
+                         keys=list(scripts))
+    solve, loop, wander = (t.info for t in trajs)
+    assert solve["passed"] and solve["submitted"] and solve["failed_calls"] == 1 and solve["invalid_calls"] == 0
+    assert loop["submitted"] and not loop["passed"] and loop["repeated_calls"] == 1 and loop["invalid_calls"] == 1
+    assert not wander["submitted"] and wander["ended"] == "truncated"
+    m = agent_metrics(trajs)
+    assert m["pass_rate"] == pytest.approx(1 / 3) and m["submit_rate"] == pytest.approx(2 / 3)
+    assert m["turns_to_submit"] == pytest.approx((4 + 4) / 2) and m["invalid_calls"] == pytest.approx(1 / 3)
+    assert m["loop_rate"] == pytest.approx(2 / 3) and m["repair_rate"] == 1.0 and m["episodes_with_failures"] == 1

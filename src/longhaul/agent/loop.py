@@ -85,6 +85,9 @@ class AgentConfig:
     prompt_mode: Literal["extend", "retokenize"] = "extend"
     workers: int = 4  # envs stepped in parallel
     max_live: int = 64  # episodes (sandboxes) alive at once; more tasks run in waves
+    context: Literal["truncate", "elide"] = "truncate"  # when the next reply would not fit: end the episode, or elide old outputs
+    keep_outputs: int = 2  # with "elide": the most recent tool outputs kept whole
+    keep_messages: bool = False  # put the episode's chat messages in Trajectory.info["messages"] (reports, demonstrations)
 
 
 @dataclass
@@ -100,6 +103,8 @@ class _Episode:
     ended: str | None = None
     info: dict = field(default_factory=dict)
     tool_calls: int = 0
+    counts: dict = field(default_factory=lambda: {"invalid_calls": 0, "failed_calls": 0, "repeated_calls": 0, "elided": 0})
+    replies: set = field(default_factory=set)  # replies seen so far: a repeat is a loop
     t0: float = field(default_factory=time.perf_counter)
 
 
@@ -140,9 +145,29 @@ def _advance(tok, ep: _Episode, completion: list[int], mode: str) -> None:
     ep.ids, ep.text = ids, new_text
 
 
-def _finish(ep: _Episode) -> Trajectory:
+ELIDED = "[output elided to fit the context: {n} characters]"
+
+
+def _elide(tok, ep: _Episode, cfg: AgentConfig) -> None:
+    """Replace all but the last `cfg.keep_outputs` tool outputs with a marker and re-render:
+    the episode goes on in a new segment (its prompt no longer extends the last one)."""
+    outputs = [m for m in ep.messages if m.get("role") == "tool" and not m["content"].startswith(ELIDED[:16])]
+    old = outputs[:max(0, len(outputs) - cfg.keep_outputs)]
+    if not old:
+        return
+    for m in old:
+        m["content"] = ELIDED.format(n=len(m["content"]))
+    ep.counts["elided"] += len(old)
+    ep.text = _render(tok, ep.messages)
+    ep.ids = _encode(tok, ep.text)
+    ep.segment += 1
+
+
+def _finish(ep: _Episode, keep_messages: bool = False) -> Trajectory:
     info = {**ep.info, "ended": ep.ended, "turns": len(ep.turns), "tool_calls": ep.tool_calls,
-            "segments": ep.segment + 1 if ep.turns else 0}
+            "segments": ep.segment + 1 if ep.turns else 0, "submitted": ep.ended == "done", **ep.counts}
+    if keep_messages:
+        info["messages"] = [dict(m) for m in ep.messages]
     if ep.ended == "infra_error":
         score = Score(0.0, False, "infra_error")
     else:
@@ -185,7 +210,7 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
         live = [i for i, ep in enumerate(episodes) if ep.ended is None]
         for i, ep in enumerate(episodes):
             if ep.ended is not None:
-                results[i] = _close(ep, on_done)
+                results[i] = _close(ep, on_done, cfg.keep_messages)
         while live:
             by_budget: dict[int, list[int]] = {}
             for i in live:
@@ -218,6 +243,11 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
                 if res.info.get("infra_error"):
                     ep.ended, ep.info["infra_error"] = "infra_error", res.info["infra_error"]
                     return
+                for k in ("invalid_calls", "failed_calls"):
+                    ep.counts[k] += res.info.get(k, 0)
+                ep.counts["repeated_calls"] += reply.strip() in ep.replies
+                ep.replies.add(reply.strip())
+                ep.messages += [{"role": "assistant", "content": reply}, *res.observations]
                 if res.terminated:
                     ep.ended = "done"
                     return
@@ -227,14 +257,15 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
                 if len(ep.turns) >= cfg.max_turns:
                     ep.ended, ep.info["truncated_by"] = "truncated", "max_turns"
                     return
-                ep.messages += [{"role": "assistant", "content": reply}, *res.observations]
                 _advance(tok, ep, g.token_ids, cfg.prompt_mode)
+                if cfg.context == "elide" and len(ep.ids) + cfg.max_new_tokens > cfg.max_tokens:
+                    _elide(tok, ep, cfg)
                 if len(ep.ids) >= cfg.max_tokens:
                     ep.ended, ep.info["truncated_by"] = "truncated", "context"
 
             list(pool.map(step, list(gens)))
             done = [i for i in live if episodes[i].ended is not None]
-            for i, traj in zip(done, pool.map(lambda i: _close(episodes[i], on_done), done)):
+            for i, traj in zip(done, pool.map(lambda i: _close(episodes[i], on_done, cfg.keep_messages), done)):
                 results[i] = traj
             live = [i for i in live if episodes[i].ended is None]
     out = [results[i] for i in range(len(episodes))]
@@ -243,9 +274,9 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
     return out
 
 
-def _close(ep: _Episode, on_done) -> Trajectory:
+def _close(ep: _Episode, on_done, keep_messages: bool = False) -> Trajectory:
     try:
-        traj = _finish(ep)
+        traj = _finish(ep, keep_messages)
     finally:
         try:
             ep.env.close()

@@ -99,6 +99,15 @@ def _clip(text: str, limit: int) -> str:
     return f"{text[:half]}\n[... {len(text) - limit} characters cut ...]\n{text[-half:]}"
 
 
+def failed_output(text: str) -> bool:
+    """Whether a tool's result reports a failure: a refused call, or a command (or the tests)
+    that exited non-zero or was stopped. Counted so that the agent's repairs can be measured."""
+    if text.startswith("error:"):
+        return True
+    last = text.rstrip().rsplit("\n", 1)[-1]
+    return last.startswith("[stopped") or (last.startswith("[exit code ") and last != "[exit code 0]")
+
+
 def _spec(base: SandboxSpec) -> SandboxSpec:
     tools = str(toolchain.toolchain_dir())
     return replace(base, ro_binds=(*base.ro_binds, (expose(tools), toolchain.MOUNT)), env=toolchain.sandbox_env(base.env))
@@ -147,14 +156,16 @@ class WorkspaceEnv:
         if not calls:
             note = ("No tool call found in your reply. Call one tool as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>, "
                     "or call submit when you are done.")
-            return StepResult([{"role": "user", "content": note}], 0.0, False, False, {"tool_calls": 0})
-        observations, infra = [], None
+            return StepResult([{"role": "user", "content": note}], 0.0, False, False, {"tool_calls": 0, "invalid_calls": 1})
+        observations, infra, invalid, failed = [], None, 0, 0
         for k, call in enumerate(calls):
             if k >= self.limits.max_calls_per_turn:
                 observations.append(self._obs(call, f"error: only {self.limits.max_calls_per_turn} tool calls are run per reply; "
                                                     "this one was skipped"))
                 continue
             self.calls += 1
+            bad = bool(call.error or check_arguments(call))
+            invalid += bad
             try:
                 text = self._execute(call)
             except (SandboxError, OSError, ValueError, UnicodeError) as e:  # caused by the call: the model can fix it
@@ -162,10 +173,11 @@ class WorkspaceEnv:
             except Exception as e:  # a fault of ours, not the model's
                 infra = f"{type(e).__name__}: {e}"
                 break
+            failed += not bad and failed_output(text)  # a valid call that failed: what a repair starts from
             observations.append(self._obs(call, text))
             if self.submitted:
                 break
-        info = {"tool_calls": len(calls)}
+        info = {"tool_calls": len(calls), "invalid_calls": invalid, "failed_calls": failed}
         if infra:
             info["infra_error"] = infra
             return StepResult(observations, 0.0, False, True, info)

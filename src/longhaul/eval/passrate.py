@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from longhaul.agent.rollout import rollout_groups
+from longhaul.eval.agent_metrics import agent_metrics
 from longhaul.eval.stats import bootstrap_mean, mcnemar_exact, paired_bootstrap, pass_at_k, wilson
 from longhaul.inference import SamplingParams
 
@@ -26,6 +27,7 @@ class EvalResult:
     statuses: list[str]  # of every sample, task-major
     counts: list[int] | None = None  # correct samples per task, when samples > 1
     samples: int = 1
+    agent: dict | None = None  # agent_metrics of the first sample of each task (multi-turn families)
 
     @property
     def rate(self) -> float:
@@ -42,6 +44,8 @@ class EvalResult:
         out = {"label": self.label, "n": len(self.passed), "passed": sum(self.passed), "pass_rate": self.rate,
                "ci95": [lo, hi], "statuses": dict(st), "no_compile_rate": st.get("syntax", 0) / max(1, len(self.statuses)),
                "limit_rate": sum(st.get(k, 0) for k in LIMIT_STATUSES) / max(1, len(self.statuses)), "samples": self.samples}
+        if self.agent:
+            out["agent"] = self.agent
         counts = self.counts if self.counts is not None else [int(p) for p in self.passed]
         if counts:
             for k in ks:
@@ -62,12 +66,32 @@ class EvalResult:
         """One result over several task sets (a joint run's domains), same label and samples."""
         counts = None if any(r.counts is None for r in results) else [c for r in results for c in r.counts]
         return cls(results[0].label, [t for r in results for t in r.task_ids], [p for r in results for p in r.passed],
-                   [s for r in results for s in r.statuses], counts, results[0].samples)
+                   [s for r in results for s in r.statuses], counts, results[0].samples, _merge_agent(results))
 
     @classmethod
     def load(cls, path: Path) -> "EvalResult":
         d = json.loads(path.read_text())
-        return cls(d["label"], d["task_ids"], d["passed"], d["statuses"], d.get("counts"), d.get("samples", 1))
+        return cls(d["label"], d["task_ids"], d["passed"], d["statuses"], d.get("counts"), d.get("samples", 1), d.get("agent"))
+
+
+def _merge_agent(results: list[EvalResult]) -> dict | None:
+    """The parts' agent metrics over all their episodes: each mean weighted by what it is a mean over."""
+    parts = [r.agent for r in results if r.agent]
+    if not parts:
+        return None
+
+    def weight(p: dict, key: str) -> float:
+        if key == "turns_to_submit":
+            return p["episodes"] * p["submit_rate"]
+        return p["episodes_with_failures"] if key == "repair_rate" else p["episodes"]
+
+    out = {k: sum(p[k] for p in parts) for k in ("episodes", "episodes_with_failures")}
+    for key in parts[0]:
+        if key not in out:
+            pairs = [(p[key], weight(p, key)) for p in parts if p.get(key) is not None]
+            total = sum(w for _, w in pairs)
+            out[key] = sum(v * w for v, w in pairs) / total if total else None
+    return out
 
 
 def evaluate(model, tok, family, tasks, label: str, max_new_tokens: int, batch_size: int = 32,
@@ -77,7 +101,7 @@ def evaluate(model, tok, family, tasks, label: str, max_new_tokens: int, batch_s
     temp = 0.0 if samples == 1 else temperature
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temp, stop=family.stop, batch_size=max(batch_size, samples))
     per_call = max(1, batch_size // samples)
-    passed, statuses, counts = [], [], []
+    passed, statuses, counts, firsts = [], [], [], []
     for start in range(0, len(tasks), per_call):
         chunk = tasks[start:start + per_call]
         groups, _ = rollout_groups(model, tok, family, chunk, samples, params, seed + start, max_turns=max_turns,
@@ -86,11 +110,13 @@ def evaluate(model, tok, family, tasks, label: str, max_new_tokens: int, batch_s
             if t.info["ended"] == "truncated" and not t.info["passed"]:
                 t.info["status"] = "truncated"  # ran out of turns or context: a limit, not a wrong answer
         passed += [g[0].info["passed"] for g in groups]
+        firsts += [g[0] for g in groups]
         statuses += [t.info["status"] for g in groups for t in g]
         counts += [sum(t.info["passed"] for t in g) for g in groups]
         if on_batch:
             on_batch(len(chunk))
-    return EvalResult(label, [t.task_id for t in tasks], passed, statuses, counts if samples > 1 else None, samples)
+    return EvalResult(label, [t.task_id for t in tasks], passed, statuses, counts if samples > 1 else None, samples,
+                      agent_metrics(firsts) or None)
 
 
 def compare(base: EvalResult, trained: EvalResult) -> dict:

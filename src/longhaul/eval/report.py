@@ -9,6 +9,11 @@ from pathlib import Path
 
 CURVES = [("reward", "reward (train)"), ("pass_rate", "pass rate (train samples)"), ("kl", "KL to reference"),
           ("entropy", "entropy"), ("completions/mean_length", "completion length"), ("step_time", "step time (s)")]
+AGENT_CURVES = [("agent/submit_rate", "episodes that submit"), ("agent/turns", "turns an episode"),
+                ("agent/invalid_calls", "invalid tool calls an episode"), ("agent/loop_rate", "episodes that repeat a call"),
+                ("agent/repair_rate", "repair rate (solved after a failure)")]
+AGENT_ROWS = [("submit_rate", "submit", "%"), ("turns_to_submit", "turns to submit", ""), ("invalid_calls", "invalid calls", ""),
+              ("loop_rate", "loops", "%"), ("repair_rate", "repair rate", "%")]
 
 
 def _svg_line(xs: list[float], ys: list[float], title: str, w: int = 420, h: int = 220) -> str:
@@ -39,20 +44,29 @@ def _svg_line(xs: list[float], ys: list[float], title: str, w: int = 420, h: int
 
 
 def _comparison_table(cmp: dict) -> str:
+    agent = [k for k in AGENT_ROWS if any((cmp[s].get("agent") or {}).get(k[0]) is not None for s in ("base", "trained"))]
     rows = []
     for key in ("base", "trained"):
         s = cmp[key]
+        cells = "".join(f"<td>{_fmt((s.get('agent') or {}).get(k), unit)}</td>" for k, _, unit in agent)
         rows.append(f"<tr><td>{key}</td><td>{s['passed']}/{s['n']}</td><td>{100 * s['pass_rate']:.1f}%</td>"
-                    f"<td>[{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}]</td></tr>")
+                    f"<td>[{100 * s['ci95'][0]:.1f}, {100 * s['ci95'][1]:.1f}]</td>{cells}</tr>")
     t = cmp["mcnemar"]
     lo, hi = cmp["difference_ci95"]
     return (
         "<table border='1' cellpadding='4' style='border-collapse:collapse'><tr><th>policy</th><th>passed</th>"
-        "<th>pass rate</th><th>95% interval</th></tr>" + "".join(rows) + "</table>"
+        "<th>pass rate</th><th>95% interval</th>" + "".join(f"<th>{label}</th>" for _, label, _ in agent) + "</tr>"
+        + "".join(rows) + "</table>"
         f"<p>difference {100 * cmp['difference']:+.1f} points (paired bootstrap 95% [{100 * lo:+.1f}, {100 * hi:+.1f}]); "
         f"McNemar exact: gained {t['gained']}, lost {t['lost']}, p = {t['p_value']:.2g} "
         f"({'significant' if cmp['significant'] else 'not significant'} at 95%)</p>" + _group_table(cmp.get("by_group", {}))
     )
+
+
+def _fmt(value, unit: str) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:.0f}%" if unit == "%" else f"{value:.2f}"
 
 
 def _group_table(by_group: dict) -> str:
@@ -69,6 +83,7 @@ def _group_table(by_group: dict) -> str:
 
 
 def write_report(run_dir: Path, metrics: list[dict], comparison: dict | None, title: str, curves=CURVES) -> Path:
+    curves = list(curves) + [c for c in AGENT_CURVES if any(c[0] in m for m in metrics)]
     charts = "".join(_svg_line([m["step"] for m in metrics if k in m], [m[k] for m in metrics if k in m], label) for k, label in curves)
     body = f"<h1>{html.escape(title)}</h1>"
     if comparison:

@@ -88,6 +88,8 @@ def _render(tok, messages: list[dict], add_generation_prompt: bool) -> list[int]
 
 def encode_messages(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
     """(ids, mask) with mask 1 on the tokens of assistant messages (and their end-of-turn)."""
+    if not any(m.get("role") == "assistant" for m in messages):
+        raise LonghaulError("a messages row has no assistant message, so nothing to train on; drop it or add the reply")
     ids, mask = [], []
     for i, m in enumerate(messages):
         if m.get("role") not in ("system", "user", "assistant", "tool"):

@@ -50,8 +50,17 @@ class OfflineAlgo:
 OFFLINE = Registry("offline algorithm")
 
 
+@dataclass(frozen=True)
+class TooLong:
+    """A multi-turn row over data.max_length: skipped whole, and counted."""
+    tokens: int
+
+
 def _encode_sft(tok, row, cfg):
-    return truncate(encode_sft_row(tok, row), cfg.data.max_length)
+    ids, mask = encode_sft_row(tok, row)
+    if len(ids) > cfg.data.max_length and sum(m.get("role") == "assistant" for m in row.get("messages", ())) > 1:
+        return TooLong(len(ids))  # a multi-turn episode cut short would teach a truncated episode: skipped whole
+    return truncate((ids, mask), cfg.data.max_length)
 
 
 def _encode_pair(tok, row, cfg):
@@ -101,16 +110,24 @@ OFFLINE["distill"] = OfflineAlgo(_encode_sft, _build_distill, _sft_tokens,
 def encode_dataset(cfg: RunConfig, tok, spec: OfflineAlgo) -> list:
     if not cfg.data.path:
         raise LonghaulError(f"algo.name={cfg.algo.name} trains on a dataset; set data.path to a .jsonl/.json/.parquet file or a save_to_disk directory")
-    items, empty = [], 0
+    items, empty, long = [], 0, []
     for n, row in enumerate(load_rows(cfg.data.path, cfg.data.split), 1):
         try:
             item = spec.encode(tok, row, cfg)
         except LonghaulError as e:
             raise LonghaulError(f"dataset {cfg.data.path!r} row {n}: {e}") from e
-        if spec.has_loss_tokens(item):
+        if isinstance(item, TooLong):
+            long.append(item.tokens)
+        elif spec.has_loss_tokens(item):
             items.append(item)
         else:
             empty += 1
+    if long and not items:
+        raise LonghaulError(f"every multi-turn row of {cfg.data.path!r} is longer than data.max_length={cfg.data.max_length} tokens "
+                            f"(the shortest has {min(long)}); raise data.max_length and model.context_length to at least {min(long)}")
+    if long:
+        console.print(f"[yellow]note:[/] {len(long)} multi-turn rows are longer than data.max_length={cfg.data.max_length} "
+                      f"tokens (up to {max(long)}) and are skipped whole")
     if empty:
         console.print(f"[yellow]note:[/] {empty} rows have no trainable tokens within data.max_length={cfg.data.max_length} and are skipped")
     if len(items) < 2:

@@ -21,6 +21,7 @@ from longhaul.agent.single_turn import encode_prompt
 from longhaul.config import RunConfig, dump_config
 from longhaul.envs import get_family
 from longhaul.errors import LonghaulError
+from longhaul.eval.agent_metrics import agent_metrics
 from longhaul.eval.envcheck import require_checked
 from longhaul.eval.passrate import EvalResult, compare, evaluate
 from longhaul.eval.report import write_report
@@ -219,6 +220,7 @@ def _step_metrics(groups, gen: dict, m: dict, step_time: float) -> dict:
         "gen_tokens": gen["gen_tokens"],
         "step_time": step_time,
         "tokens_per_s": (gen["gen_tokens"] + m["num_tokens"]) / step_time,
+        **{f"agent/{k}": v for k, v in agent_metrics(trajs).items() if v is not None and k != "pass_rate"},
     }
 
 
