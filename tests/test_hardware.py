@@ -38,3 +38,57 @@ def test_explicit_dtypes_pass_through():
     faster = hardware.prefer_bf16()
     assert hardware.resolve_dtype("auto") == ("bfloat16" if faster else "float32")
     assert hardware.resolve_autocast("auto") == ("bfloat16" if faster else "none")
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    """Set what `native_bf16` reads: LONGHAUL_BF16, the GPU, and the CPU's AVX512-BF16 and AMX
+    probes; returns the uncached `native_bf16`, which `prefer_bf16` then calls too."""
+    def set_probes(env, cuda_bf16=None, avx512_bf16=False, amx=False):
+        if env is None:
+            monkeypatch.delenv("LONGHAUL_BF16", raising=False)
+        else:
+            monkeypatch.setenv("LONGHAUL_BF16", env)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_bf16 is not None)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bool(cuda_bf16))
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+        monkeypatch.setattr(hardware, "native_bf16", hardware.native_bf16.__wrapped__)
+        return hardware.native_bf16
+    return set_probes
+
+
+@pytest.mark.parametrize("env,cuda_bf16,avx512_bf16,amx,want", [
+    (None, None, False, False, False),  # AVX2 only (Zen 3)
+    (None, None, True, False, True),    # AVX512-BF16 (Zen 4/5)
+    (None, None, True, True, True),     # AMX (Sapphire Rapids)
+    (None, None, False, True, True),    # AMX alone
+    (None, True, False, False, True),   # a GPU with bf16: the CPU does not matter
+    (None, False, True, True, False),   # a GPU without
+    ("1", None, False, False, True),    # LONGHAUL_BF16 overrides every probe
+    ("0", True, True, True, False),
+])
+def test_native_bf16_reads_the_setting_then_the_gpu_then_the_cpu(probes, env, cuda_bf16, avx512_bf16, amx, want):
+    assert probes(env, cuda_bf16, avx512_bf16, amx)() is want
+
+
+@pytest.mark.parametrize("env,cuda_bf16,amx,want", [
+    ("1", None, False, True),   # forced bf16 on an AVX2-only CPU
+    ("0", None, True, False),   # forced fp32 with AMX
+    (None, True, False, True),  # a GPU with bf16
+    (None, False, True, False),  # a GPU without: the CPU's AMX does not count
+])
+def test_prefer_bf16_follows_the_setting_and_the_gpu_before_the_cpu(probes, env, cuda_bf16, amx, want):
+    probes(env, cuda_bf16, avx512_bf16=amx, amx=amx)
+    assert hardware.prefer_bf16.__wrapped__() is want
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_auto_resolves_each_way_whatever_the_host(monkeypatch, faster):
+    """Both branches of `auto`, through the config too (it resolves when loaded), on every host."""
+    from longhaul.config import RolloutConfig, TrainConfig
+
+    monkeypatch.setattr(hardware, "prefer_bf16", lambda: faster)
+    assert hardware.resolve_dtype("auto") == RolloutConfig().dtype == ("bfloat16" if faster else "float32")
+    assert hardware.resolve_autocast("auto") == TrainConfig().autocast == ("bfloat16" if faster else "none")
+    assert RolloutConfig(dtype="float32").dtype == "float32" and TrainConfig(autocast="none").autocast == "none"

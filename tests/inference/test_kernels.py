@@ -1,6 +1,7 @@
 """The native fp32 decode kernels against torch references (fp64 matmul, SDPA over the
-gathered cache, F.rms_norm) with stated tolerances; the runner with and without them; and the
-fallback when they cannot be built."""
+gathered cache, F.rms_norm) with stated tolerances; the runner with and without them, on each
+GEMM panel width this CPU runs; the fallback when they cannot be built; and oneDNN's packed
+fp32 and bf16 linears on each CPU path this CPU has."""
 
 import os
 import subprocess
@@ -65,14 +66,88 @@ def test_small_gemm_keeps_leading_dims_and_no_rows(native):
     assert lin(torch.randn(0, 16)).shape == (0, 24)
 
 
-def test_pack_picks_the_kernel_for_fp32_decode_weights_only(native):
+def test_pack_picks_the_kernel_for_fp32_decode_weights_only(native, monkeypatch):
+    monkeypatch.delenv("LONGHAUL_GEMM_PANEL", raising=False)
     w = torch.randn(32, 16)
     assert isinstance(pack(w)[0], SmallBatchLinear)
     assert pack(w)[0].weight.shape[2] == (16 if native.has_avx512() else 8)  # the widest panel this CPU runs
+    monkeypatch.setenv("LONGHAUL_GEMM_PANEL", "8")  # any AVX2 CPU, AVX-512 ones too, takes the AVX2 panels
+    assert pack(w)[0].weight.shape[2] == 8
+    monkeypatch.setenv("LONGHAUL_GEMM_PANEL", "16")
+    if native.has_avx512():
+        assert pack(w)[0].weight.shape[2] == 16
+    else:  # refused, not silently narrowed
+        with pytest.raises(RuntimeError, match="need AVX-512"):
+            pack(w)
+    monkeypatch.setenv("LONGHAUL_GEMM_PANEL", "4")
+    with pytest.raises(ValueError, match="LONGHAUL_GEMM_PANEL must be 8 or 16"):
+        pack(w)
+    monkeypatch.delenv("LONGHAUL_GEMM_PANEL")
     with pytest.raises(RuntimeError, match="8 or 16"):
         native.pack(w, 4)
     assert not isinstance(pack(w, few_rows=False)[0], SmallBatchLinear)  # big forwards keep oneDNN
     assert not isinstance(pack(w.bfloat16())[0], SmallBatchLinear)
+
+
+# oneDNN's packed linears (`linear.PackedLinear`): every bf16 projection of the engine, and the fp32
+# ones where the native kernels do not run. oneDNN picks its kernel by CPU (AMX on Sapphire
+# Rapids, AVX512-BF16 on Zen 4/5; on an AVX2-only Zen 3 bf16 does not pack at all and `pack` keeps
+# the plain weight for F.linear). ONEDNN_MAX_CPU_ISA caps that pick, and oneDNN reads it once, so
+# each capped path runs in a fresh process, on every host whose CPU has its instructions.
+_PACKED_LINEAR_CHECK = """
+import importlib.util, json, sys, torch
+spec = importlib.util.spec_from_file_location("linear", sys.argv[1])  # linear.py alone: no transformers import
+linear = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(linear)
+PackedLinear, pack = linear.PackedLinear, linear.pack
+torch.set_num_threads(1)
+eps, out = torch.finfo(torch.float32).eps, {}
+for dtype in (torch.float32, torch.bfloat16):
+    for m, n, k in ((1, 576, 576), (8, 1536, 576), (37, 100, 1536), (5, 13, 37), (128, 192, 64)):
+        gen = torch.Generator().manual_seed(m * n + k)
+        x, w, b = (torch.randn(s, generator=gen).to(dtype) for s in ((m, k), (n, k), (n,)))
+        lin, rest = pack(w, b, few_rows=False)  # the oneDNN path, never the native kernel
+        y = (lin(x) if callable(lin) else torch.nn.functional.linear(x, lin, rest)).double()
+        ref = x.double() @ w.double().T + b.double()  # exact, from the same (rounded) inputs
+        # an fp32 sum in any order (32 eps of the terms' absolute sum: 16x the worst seen), then
+        # one rounding to the output dtype (its unit roundoff u): what bf16 products summed in
+        # fp32 give on every path; an fp32 linear computed in bf16 or TF32 is far outside it
+        u = 2.0 ** -8 if dtype == torch.bfloat16 else eps / 2
+        bound = u * ref.abs() + 32 * eps * (x.double().abs() @ w.double().abs().T + b.double().abs())
+        d = (y - ref).abs()
+        out[f"{str(dtype)[6:]} {m}x{n}x{k}"] = [isinstance(lin, PackedLinear), (d / bound).max().item(), d.max().item()]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("isa,needs", [(None, None), ("AVX512_CORE_BF16", "avx512_bf16"), ("AVX512_CORE", "avx512"), ("AVX2", None)],
+                         ids=["host", "avx512-bf16", "avx512", "avx2"])
+def test_onednn_linear_equals_fp64_matmul_on_each_cpu_path(isa, needs):
+    """host: what this CPU gets (AMX where present); avx512-bf16: the AVX512-BF16 kernels, without
+    AMX; avx512: bf16 converted to fp32 (oneDNN's gemm); avx2: a Zen 3, where bf16 keeps the
+    plain weight. fp32 and bf16 at decode and prefill shapes against the fp64 product."""
+    import json
+
+    if needs is not None and not getattr(torch.cpu, f"_is_{needs}_supported", lambda: False)():
+        pytest.skip(f"this CPU has no {needs.upper().replace('_', '-')}: oneDNN cannot take that path here")
+    env = {**os.environ, "ONEDNN_VERBOSE": "1"}
+    env.pop("ONEDNN_MAX_CPU_ISA", None)
+    if isa is not None:
+        env["ONEDNN_MAX_CPU_ISA"] = isa
+    from longhaul.inference import linear
+
+    out = subprocess.run([sys.executable, "-c", _PACKED_LINEAR_CHECK, linear.__file__], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    impls = sorted({ln.split(",")[6] for ln in lines if ",exec,cpu,inner_product," in ln})  # e.g. brg_matmul:avx512_core_amx
+    for case, (packed, ratio, diff) in json.loads(lines[-1]).items():
+        assert ratio <= 1, f"{case} (oneDNN {impls}): max |diff| {diff:.3g} is {ratio:.3g}x the bound"
+        if case.startswith("float32"):
+            assert packed, case  # fp32 packs on every x86 CPU
+        elif isa == "AVX2":
+            assert not packed, case  # oneDNN has no bf16 path on AVX2: pack keeps the plain weight
+        elif torch.cpu._is_avx512_supported():
+            assert packed, case
 
 
 def _cache_with(lens, hkv, d, block_size=4, seed=0):
@@ -95,12 +170,14 @@ def _cache_with(lens, hkv, d, block_size=4, seed=0):
 def test_decode_attention_equals_sdpa_over_the_gathered_cache(native, hq, hkv, d):
     lens = [1, 5, 17, 4, 32]
     kv, tables, ctx = _cache_with(lens, hkv, d, seed=hq + d)
-    q = torch.randn(len(lens), hq, d)
+    q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(hq * d))  # seeded: the same check every run
     got = native.decode_attention(q, kv.k[0], kv.v[0], tables, ctx, kv.block_size, d ** -0.5)
     k, v = kv.gather(0, tables)  # (B, L, Hkv, D)
     mask = (torch.arange(k.shape[1])[None, :] < ctx[:, None])[:, None, None, :]
     qd = q.reshape(len(lens), hkv, hq // hkv, d)
     ref = F.scaled_dot_product_attention(qd, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask).reshape(len(lens), hq, d)
+    # each output is a softmax-weighted mean of unit-normal v: both sides round to a few fp32 eps
+    # of |v| ~ 1 whatever SDPA's kernel (up to 0.31 of this tolerance over 150 random q)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
 
 
@@ -117,10 +194,11 @@ def test_rms_norm_equals_torch(native, n, e):
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
-def test_runner_logits_with_and_without_the_kernels_agree(native, name):
+def test_runner_logits_with_and_without_the_kernels_agree(native, panel_width, monkeypatch, name):
     """Prefill chunks, then decodes of sequences of different lengths in one batch: the native
     path (GEMM, paged attention, RMSNorm) equals torch's ops (oneDNN, gather + SDPA) to fp32
-    rounding."""
+    rounding, with the GEMM's AVX2 panels on every host and its AVX-512 ones where they run."""
+    monkeypatch.setenv("LONGHAUL_GEMM_PANEL", str(panel_width))
     model, _ = load_policy(name)
     runners = []
     for use in (True, False):
@@ -141,7 +219,17 @@ def test_runner_logits_with_and_without_the_kernels_agree(native, name):
             got.append(r.forward(r.prepare(items)))
         outs.append(torch.cat(got))
     assert runners[0].native is not None and runners[1].native is None
+    assert {e[1].weight.shape[2] for e in runners[0]._exec} == {panel_width}  # the qkv projections
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_stay_off_on_a_cpu_without_avx2_or_when_asked(monkeypatch):
+    """The capability check, forced on any host (ATen's pick: AVX512 and AVX2 run the kernels)."""
+    monkeypatch.delenv("LONGHAUL_KERNELS", raising=False)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    assert kernels._missing_requirement() == "the CPU has DEFAULT, the kernel needs AVX2 and FMA"
+    monkeypatch.setenv("LONGHAUL_KERNELS", "0")
+    assert kernels._missing_requirement() == "LONGHAUL_KERNELS=0"
 
 
 def test_without_a_compiler_the_engine_says_why_and_keeps_torch_ops(tmp_path):
@@ -219,13 +307,19 @@ def test_rope_and_cache_equals_apply_rope_and_write(native):
 
 @pytest.mark.parametrize("n,e", [(1, 576), (130, 64), (3, 13)])
 def test_rms_norm_backward_equals_autograd(native, n, e):
-    x = (torch.randn(n, e) * 2).requires_grad_()
-    w = torch.randn(e).requires_grad_()
-    g = torch.randn(n, e)
-    F.rms_norm(x, (e,), w, 1e-6).backward(g)
-    dx, dw = native.rms_norm_backward(g, x.detach(), w.detach(), 1e-6)
-    torch.testing.assert_close(dx, x.grad, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(dw, w.grad, rtol=1e-5, atol=1e-5)
+    gen = torch.Generator().manual_seed(n * 1000 + e)
+    x, w, g = torch.randn(n, e, generator=gen) * 2, torch.randn(e, generator=gen), torch.randn(n, e, generator=gen)
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    F.rms_norm(x64, (e,), w64, 1e-6).backward(g.double())  # the exact gradient: autograd in fp64
+    dx, dw = native.rms_norm_backward(g, x, w, 1e-6)
+    torch.testing.assert_close(dx.double(), x64.grad, rtol=1e-5, atol=1e-5)
+    # dw sums n rows' g * x * rstd of both signs: its rounding is a few fp32 ulps of the terms'
+    # absolute sum, not of |dw| (up to 1.8 eps of it over 300 seeds; torch's fp32 autograd, the
+    # old reference, is as far off, and against it an rtol/atol of 1e-5 had a 1.6x margin)
+    rstd = (x64.detach().pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt()
+    terms = (g.double() * x64.detach() * rstd).abs().sum(0)
+    off = ((dw.double() - w64.grad).abs() / terms).max().item() / torch.finfo(torch.float32).eps
+    assert off < 8, f"dw off by {off:.2f} fp32 eps of sum |terms|"
 
 
 def test_mm_into_writes_the_given_rows(native, panel_width):

@@ -64,10 +64,11 @@ def test_divergence_matches_loop_reference(name, tau):
     assert got.shape == (2, 3)
     err = ((got - want).abs() / want.abs()).max().item()
     assert err < 1e-5, f"{name} tau={tau}: max relative diff {err}"
-    # fp32 inputs (what the trainers pass) agree to fp32 precision
+    # fp32 inputs (what the trainers pass) agree to fp32 precision: relative, as the divergences
+    # run 0.05-16 (at 16 an absolute 1e-5 is ~10 ulps); measured within 3e-7 relative on
+    # torch's AVX-512, AVX2 and scalar kernels, so rtol 1e-5 (~80 fp32 eps) holds with margin
     got32 = DISTILL_LOSSES[name](s.float(), t.float(), temperature=tau, beta=0.3)
-    diff = (got32.double() - want).abs().max().item()
-    assert diff < 1e-5, f"{name} fp32: max diff {diff}"
+    torch.testing.assert_close(got32.double(), want, rtol=1e-5, atol=1e-7, msg=lambda m: f"{name} tau={tau} fp32\n{m}")
 
 
 @pytest.mark.parametrize("name", NAMES)

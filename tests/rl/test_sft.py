@@ -43,10 +43,16 @@ def test_sft_memorises_and_accumulation_is_exact():
     rows = [{"prompt": [{"role": "user", "content": f"word {i}"}], "completion": w} for i, w in enumerate(["apple", "river", "stone", "cloud"])]
     batch = [encode_sft_row(tok, r) for r in rows]
     a, b = copy.deepcopy(model), copy.deepcopy(model)
-    _trainer(a, tok, 1e-3, 1).step(batch)
-    _trainer(b, tok, 1e-3, 4).step(batch)
+    for m, mb in ((a, 1), (b, 4)):
+        # SGD at lr 1: the step is the clipped gradient, so the runs differ by its rounding (<= 6e-8
+        # on torch's AVX-512, AVX2 and scalar kernels). Adam's first step, lr * g / (|g| + eps),
+        # turns rounding in near-zero gradients into up to 5.6e-6 of the 1e-5 below, by host
+        t = _trainer(m, tok, 1e-3, mb)
+        t.optimizer = torch.optim.SGD(m.parameters(), lr=1.0)
+        t.scheduler = torch.optim.lr_scheduler.LambdaLR(t.optimizer, lambda _: 1.0)
+        t.step(batch)
     for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
-        assert (p - q).abs().max().item() < 1e-5, n
+        assert (p - q).abs().max().item() < 1e-5, f"{n}: max diff {(p - q).abs().max().item():.3g}"
     trainer = _trainer(model, tok, 3e-3, 4)
     first = trainer.step(batch)["loss"]
     for _ in range(40):

@@ -18,9 +18,18 @@ oneDNN path for fp32: weights packed in 8-output panels (16 with AVX-512) stream
 the 2-core AVX2 EPYC, all of SmolLM2-135M's linears (538 MB): 33 vs 57 ms at batch 1, 36 vs 64
 at batch 8, 55 vs 88 at 16, equal at 32-44, 12% slower from 64 rows (prefill chunks). Results
 are plain fp32 FMA sums in k order (~1e-6 relative to fp64 at K = 1,536).
+
+`LONGHAUL_GEMM_PANEL=8` (read by `pack`, so set it before the engine packs its weights) makes an
+AVX-512 CPU use the 8-output AVX2 panels, the path an AVX2-only CPU takes (the tests run both
+widths on one host this way); `16` asks for the AVX-512 panels and fails where the CPU lacks
+AVX-512; unset, `pack` takes the widest panel this CPU runs. bf16 weights pack only where
+oneDNN has a bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); on an AVX2-only CPU `pack` keeps
+the plain weight for `F.linear`.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +92,15 @@ class SmallBatchLinear:
         return y.view(*x.shape[:-1], self.out_features)
 
 
+def panel_width() -> int:
+    """The small-batch GEMM panel width `pack` asks for: `LONGHAUL_GEMM_PANEL` (8 or 16), else 0
+    (the widest this CPU runs)."""
+    forced = os.environ.get("LONGHAUL_GEMM_PANEL", "")
+    if forced not in ("", "8", "16"):
+        raise ValueError(f"LONGHAUL_GEMM_PANEL must be 8 or 16 (or unset), not {forced!r}")
+    return int(forced or 0)
+
+
 def pack(w: torch.Tensor | None, b: torch.Tensor | None = None, few_rows: bool = True):
     """The fastest callable for weight w (and bias b), or w itself when nothing faster exists.
 
@@ -97,7 +115,7 @@ def pack(w: torch.Tensor | None, b: torch.Tensor | None = None, few_rows: bool =
 
         kernel = native()
         if kernel is not None:
-            return SmallBatchLinear(w, b, kernel), None
+            return SmallBatchLinear(w, b, kernel, panel_width()), None
     try:
         return PackedLinear(w, b), None
     except RuntimeError:  # a build without the oneDNN linear ops
