@@ -39,6 +39,19 @@ def train(
     run(cfg, resume=resume)
 
 
+@app.command()
+def pipeline(
+    config: str = typer.Argument(..., help="pipeline YAML (see examples/agent.yaml)"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. demos.tasks=24 rl.train.steps=4"),
+):
+    """Agents that learn: verified demonstrations, multi-turn SFT, multi-turn RL, then the base, SFT and
+    SFT+RL policies on the same held-out tasks; runs/<name>/report.html. A re-run continues."""
+    from longhaul.config import PipelineConfig, load_config
+    from longhaul.runtime.pipeline import run_pipeline
+
+    run_pipeline(load_config(config, overrides or [], model=PipelineConfig))
+
+
 @app.command("eval")
 def eval_cmd(
     model: str = typer.Option("smollm2-135m-instruct", "--model", help="built-in name, HF directory or .gguf"),

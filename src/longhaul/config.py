@@ -48,6 +48,14 @@ class RolloutConfig(Section):
     exec_timeout_s: float = Field(5.0, gt=0)  # hidden tests of one completion
     exec_workers: int = Field(2, ge=1)
     max_turns: int = Field(8, ge=1)  # assistant replies per episode of a multi-turn (workspace) family
+    # when a multi-turn episode's next reply would not fit the context: elide old tool outputs (all but the last
+    # keep_outputs) and go on in a new segment, or end the episode as truncated
+    context: Literal["elide", "truncate"] = "elide"
+    keep_outputs: int = Field(2, ge=0)
+
+    def agent_options(self) -> dict:
+        """The AgentConfig fields this section sets for multi-turn episodes."""
+        return {"context": self.context, "keep_outputs": self.keep_outputs}
 
     @field_validator("dtype")
     @classmethod
@@ -238,6 +246,42 @@ class RunConfig(Section):
     domains: list[DomainConfig] = []  # a joint multi-domain run (docs/scheduling.md); empty: task.family alone
     scheduling: SchedulingConfig = SchedulingConfig()
     log: LogConfig = LogConfig()
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+
+class DemosConfig(Section):
+    """The pipeline's demonstrations (longhaul.agent.demos)."""
+    tasks: int = Field(48, ge=1)  # train tasks per family replayed into demonstrations
+    variants: list[Literal["reference", "explore", "repair"]] = ["reference", "explore", "repair"]
+    seed: int = 0  # seeds the exploration orders and wrong attempts
+
+
+class PipelineEvalConfig(Section):
+    tasks: int = Field(40, ge=1)  # held-out tasks per family; every stage is evaluated on the same ones, greedy
+    max_turns: int = Field(10, ge=1)
+    max_new_tokens: int = Field(192, ge=1)  # per reply
+    humaneval: bool = True  # also HumanEval pass@1 of the base and the final model (does agent training cost coding?)
+    show: int = Field(3, ge=0)  # held-out episodes shown turn by turn in the report, before and after
+
+
+class PipelineConfig(Section):
+    """`longhaul pipeline`: demonstrations, SFT, multi-turn RL, and the three-way evaluation."""
+    name: str = "agent"
+    seed: int = 0
+    output_dir: str = "runs"
+    model: ModelConfig = ModelConfig(context_length=4096)
+    families: list[str] = ["multistep", "terminal"]  # workspace families of the demonstrations, the RL and the evaluation
+    difficulty: int = Field(1, ge=1, le=3)
+    # "family/subfamily": never in the demonstrations or the RL; evaluated apart (does the skill transfer?)
+    heldout_subfamilies: list[str] = []
+    demos: DemosConfig = DemosConfig()
+    sft: dict[str, Any] = {}  # a RunConfig fragment over the SFT stage's defaults (e.g. {train: {steps: 40}})
+    rl: dict[str, Any] = {}  # a RunConfig fragment over the RL stage's defaults (grpo from the SFT weights)
+    eval: PipelineEvalConfig = PipelineEvalConfig()
+    stages: list[Literal["sft", "rl"]] = ["sft", "rl"]  # ablations drop one: rl alone starts from the base model
 
     @property
     def run_dir(self) -> Path:

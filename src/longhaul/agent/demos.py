@@ -235,11 +235,13 @@ def validate(family, variants: tuple[str, ...], split: str = "train") -> None:
 
 
 def build_demos(family, n: int, difficulty: int = 1, variants: tuple[str, ...] = VARIANTS, seed: int = 0,
-                workers: int = 2, on_done: Callable | None = None, split: str = "train") -> list[dict]:
-    """Verified demonstration rows from `n` tasks of the family's train split, one per variant
-    that applies to a task; `on_done` is called once per finished episode."""
+                workers: int = 2, on_done: Callable | None = None, split: str = "train",
+                subfamilies: list[str] | None = None) -> list[dict]:
+    """Verified demonstration rows from `n` tasks of the family's train split (of `subfamilies`
+    only, when given), one per variant that applies to a task; `on_done` is called once per
+    finished episode."""
     validate(family, variants, split)
-    tasks = family.make_split("train", n, difficulty, None)
+    tasks = family.make_split("train", n, difficulty, subfamilies)
     if not tasks:
         raise LonghaulError(f"family {family.name!r} made no train tasks; raise --n")
     if not any(getattr(t, "reference", None) for t in tasks):

@@ -31,10 +31,11 @@ class TimedPolicy:
 
 def rollout_groups(model, tok, family, tasks, group_size: int, params: SamplingParams, seed: int, version: int = 0,
                    max_turns: int = 8, max_tokens: int | None = None, exec_timeout_s: float = 5.0,
-                   exec_workers: int = 2, make_env=None) -> tuple[list[list[Trajectory]], dict]:
+                   exec_workers: int = 2, make_env=None, agent: dict | None = None) -> tuple[list[list[Trajectory]], dict]:
     """`group_size` trajectories per task, grouped by task, and timings (`timing/gen`,
     `timing/score`, `gen_tokens`). `params` sets the per-reply budget and sampling; `make_env`
-    (task -> Env) replaces the family's env for workspace families (e.g. other sandbox limits)."""
+    (task -> Env) replaces the family's env for workspace families (e.g. other sandbox limits);
+    `agent` sets further AgentConfig fields of multi-turn episodes (context policy, keep_messages)."""
     if family.kind == "answer":
         return run_groups(model, tok, family, tasks, params, group_size, seed=seed, version=version,
                           exec_timeout_s=exec_timeout_s, exec_workers=exec_workers)
@@ -43,7 +44,7 @@ def rollout_groups(model, tok, family, tasks, group_size: int, params: SamplingP
     policy = TimedPolicy(ModelPolicy(model, tok, version=version, seed=seed))
     agent = AgentConfig(max_turns=max_turns, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
                         top_p=params.top_p, max_tokens=max_tokens or context_length(model),
-                        workers=2 * exec_workers)
+                        workers=2 * exec_workers, **(agent or {}))
     flat = [t for t in tasks for _ in range(group_size)]
     t0 = time.perf_counter()
     trajs = run_episodes(policy, tok, make_env or family.make_env or (lambda t: WorkspaceEnv()), flat, agent,

@@ -96,8 +96,10 @@ def _merge_agent(results: list[EvalResult]) -> dict | None:
 
 def evaluate(model, tok, family, tasks, label: str, max_new_tokens: int, batch_size: int = 32,
              exec_timeout_s: float = 5.0, exec_workers: int = 2, on_batch: Callable[[int], None] | None = None,
-             samples: int = 1, temperature: float = 0.8, seed: int = 0, max_turns: int = 10) -> EvalResult:
-    """Greedy (samples == 1) or `samples` draws at `temperature` per task, for pass@k."""
+             samples: int = 1, temperature: float = 0.8, seed: int = 0, max_turns: int = 10, agent: dict | None = None,
+             on_episodes: Callable[[list], None] | None = None) -> EvalResult:
+    """Greedy (samples == 1) or `samples` draws at `temperature` per task, for pass@k. `agent`:
+    further AgentConfig fields of multi-turn episodes; `on_episodes` sees each batch's trajectories."""
     temp = 0.0 if samples == 1 else temperature
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temp, stop=family.stop, batch_size=max(batch_size, samples))
     per_call = max(1, batch_size // samples)
@@ -105,7 +107,9 @@ def evaluate(model, tok, family, tasks, label: str, max_new_tokens: int, batch_s
     for start in range(0, len(tasks), per_call):
         chunk = tasks[start:start + per_call]
         groups, _ = rollout_groups(model, tok, family, chunk, samples, params, seed + start, max_turns=max_turns,
-                                   exec_timeout_s=exec_timeout_s, exec_workers=exec_workers)
+                                   exec_timeout_s=exec_timeout_s, exec_workers=exec_workers, agent=agent)
+        if on_episodes:
+            on_episodes([t for g in groups for t in g])
         for t in (t for g in groups for t in g):
             if t.info["ended"] == "truncated" and not t.info["passed"]:
                 t.info["status"] = "truncated"  # ran out of turns or context: a limit, not a wrong answer

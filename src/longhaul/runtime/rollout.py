@@ -163,7 +163,7 @@ class RolloutWorker:
                 groups, timings = rollout_groups(self.sampler, self.tok, self.family, req.tasks, cfg.rollout.group_size, self.params,
                                                  seed=req.seed, version=self.version, max_turns=cfg.rollout.max_turns,
                                                  max_tokens=cfg.model.context_length, exec_timeout_s=cfg.rollout.exec_timeout_s,
-                                                 exec_workers=cfg.rollout.exec_workers)
+                                                 exec_workers=cfg.rollout.exec_workers, agent=cfg.rollout.agent_options())
             else:
                 groups, timings = self._run_domains(req)
         finally:  # also when the pool's death surfaced as this request's own error
@@ -198,7 +198,7 @@ class RolloutWorker:
             got, t = rollout_groups(self.sampler, self.tok, run.family, [req.tasks[i] for i in idx], cfg.rollout.group_size, params,
                                     seed=req.seed + 104_729 * k, version=self.version, max_turns=run.max_turns,
                                     max_tokens=cfg.model.context_length, exec_timeout_s=run.exec_timeout_s,
-                                    exec_workers=cfg.rollout.exec_workers, make_env=run.make_env)
+                                    exec_workers=cfg.rollout.exec_workers, make_env=run.make_env, agent=cfg.rollout.agent_options())
             for i, group in zip(idx, got):
                 for traj in group:
                     traj.info.update(domain=name, raw_reward=traj.reward)

@@ -195,7 +195,8 @@ def evaluate_heldout(prep: Prepared, make_model, label: str, path: Path, samples
         for part in parts:
             results.append(evaluate(model, prep.tok, part.family, part.heldout, label, cfg.eval.max_new_tokens, cfg.eval.batch_size,
                                     cfg.rollout.exec_timeout_s, cfg.rollout.exec_workers, on_batch=lambda n: prog.advance(bar, n),
-                                    samples=samples, temperature=temperature, seed=cfg.seed, max_turns=cfg.eval.max_turns))
+                                    samples=samples, temperature=temperature, seed=cfg.seed, max_turns=cfg.eval.max_turns,
+                                    agent=cfg.rollout.agent_options()))
     res = results[0] if len(results) == 1 else EvalResult.concat(results)
     res.save(path)
     lo, hi = res.interval

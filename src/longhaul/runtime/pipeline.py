@@ -1,0 +1,284 @@
+"""The agent pipeline (`longhaul pipeline CONFIG`, the main job): verified demonstrations,
+multi-turn SFT on them, multi-turn RL from the SFT weights, then greedy evaluation of the base,
+SFT and SFT+RL policies on the same held-out tasks, and one report.
+
+Everything goes under `runs/<name>/`:
+- `demos.jsonl`: demonstrations of every family (train split; held-out sub-families left out);
+- `sft/`: an offline run (`algo.name: sft`) on them, its final weights exported to `sft/model`;
+- `rl/`: an online run (GRPO over the families' agent episodes) from the stage before, exported
+  to `rl/model`;
+- `eval_<stage>.json` and `episodes_<stage>.jsonl`: each policy on the same held-out tasks
+  (per family, and each held-out sub-family apart), with its agent metrics and transcripts;
+- `pipeline.json` (every figure) and `report.html`.
+A stage whose output exists is not run again, so an interrupted pipeline continues where it
+stopped. Ablations are the same pipeline with other `stages`: `[rl]` is RL from the base model
+with no cold start, `[sft]` SFT alone. Owns the sequence and the comparison; each stage is the
+ordinary trainer (`runtime.train`) with a config built here.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from longhaul.config import PipelineConfig, RunConfig, _explain
+from longhaul.envs import get_family
+from longhaul.errors import LonghaulError
+from longhaul.eval.passrate import EvalResult, evaluate
+from longhaul.eval.stats import mcnemar_exact
+from longhaul.runtime.progress import console, progress_bar
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def _run_config(tree: dict, stage: str) -> RunConfig:
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as e:
+        raise LonghaulError(f"pipeline {stage}: {_explain(e, RunConfig)}") from e
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+class Pipeline:
+    def __init__(self, cfg: PipelineConfig):
+        self.cfg = cfg
+        self.dir = cfg.run_dir
+        self.families = {name: get_family(name) for name in cfg.families}
+        bad = [f for f in self.families.values() if f.kind != "workspace"]
+        if bad:
+            raise LonghaulError(f"the pipeline trains agents: family {bad[0].name!r} is single-turn; list workspace families")
+        self.heldout_subs: dict[str, list[str]] = {}
+        for item in cfg.heldout_subfamilies:
+            fam, _, sub = item.partition("/")
+            if fam not in self.families or sub not in self.families[fam].subfamilies:
+                raise LonghaulError(f"heldout_subfamilies: {item!r} is not family/subfamily of a listed family "
+                                    f"(e.g. {cfg.families[0]}/{sorted(self.families[cfg.families[0]].subfamilies)[0]})")
+            self.heldout_subs.setdefault(fam, []).append(sub)
+        self.timing: dict[str, float] = {}
+
+    def allowed(self, family: str) -> list[str] | None:
+        """The sub-families training may use (None: all)."""
+        out = self.heldout_subs.get(family)
+        return None if not out else [s for s in self.families[family].subfamilies if s not in out]
+
+    # ---- stages ------------------------------------------------------------------------
+    def demos(self) -> Path:
+        from longhaul.agent.demos import build_demos
+        from longhaul.envs.datasets import write_jsonl
+
+        path = self.dir / "demos.jsonl"
+        if path.exists():
+            return path
+        c = self.cfg
+        rows = []
+        with progress_bar(True) as prog:
+            for name, fam in self.families.items():
+                bar = prog.add_task(f"demonstrations: {name}", total=c.demos.tasks * len(c.demos.variants), info="")
+                rows += build_demos(fam, c.demos.tasks, c.difficulty, tuple(c.demos.variants), c.demos.seed,
+                                    on_done=lambda t, bar=bar: prog.advance(bar), subfamilies=self.allowed(name))
+        if not rows:
+            raise LonghaulError("no demonstration passed its hidden checks; run `longhaul envcheck` on the families")
+        write_jsonl(rows, path)
+        kinds = Counter(r["variant"] for r in rows)
+        console.print(f"{len(rows)} verified demonstrations ({', '.join(f'{k} {v}' for k, v in kinds.items())}, "
+                      f"{sum(r['repair'] for r in rows)} with a repair) -> {path}")
+        return path
+
+    def _base_tree(self, name: str) -> dict:
+        c = self.cfg
+        return {"name": name, "output_dir": str(self.dir), "seed": c.seed, "model": c.model.model_dump(),
+                "log": {"tensorboard": False}}
+
+    def sft(self, start: str, demos: Path) -> str:
+        out = self.dir / "sft" / "model"
+        if (out / "config.json").exists():
+            return str(out)
+        context = self.cfg.model.context_length or 4096
+        tree = _merge(self._base_tree("sft"), {
+            "model": {"name": start}, "algo": {"name": "sft"},
+            "data": {"path": str(demos), "packing": True, "max_length": context, "batch_size": 8, "heldout_fraction": 0.1},
+            "train": {"steps": 30, "lr": 1e-4, "micro_batch": 4, "warmup_steps": 3, "save_every": 0}})
+        return self._train(_run_config(_merge(tree, self.cfg.sft), "sft"), out)
+
+    def rl(self, start: str) -> str:
+        out = self.dir / "rl" / "model"
+        if (out / "config.json").exists():
+            return str(out)
+        c = self.cfg
+        tree = _merge(self._base_tree("rl"), {
+            "model": {"name": start},
+            "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": c.eval.max_new_tokens, "max_turns": c.eval.max_turns,
+                        "temperature": 1.0, "context": "elide"},
+            "algo": {"name": "grpo", "kl_coef": 0.0}, "train": {"steps": 10, "lr": 1e-5, "micro_batch": 4, "save_every": 0},
+            "eval": {"before_after": False}})
+        if len(self.families) == 1:
+            (name,) = self.families
+            tree["task"] = {"family": name, "difficulty": c.difficulty, "subfamilies": self.allowed(name)}
+        else:
+            tree["domains"] = [{"family": n, "difficulty": c.difficulty, "subfamilies": self.allowed(n)} for n in self.families]
+        return self._train(_run_config(_merge(tree, c.rl), "rl"), out)
+
+    def _train(self, run_cfg: RunConfig, out: Path) -> str:
+        from longhaul.rl.checkpoint import export_checkpoint
+        from longhaul.runtime import train
+
+        t0 = time.perf_counter()
+        train(run_cfg)
+        self.timing[run_cfg.name] = time.perf_counter() - t0
+        export_checkpoint(run_cfg.run_dir, None, out)
+        return str(out)
+
+    # ---- evaluation ---------------------------------------------------------------------
+    def eval_sets(self) -> dict[str, list]:
+        """Held-out tasks by set: each family on its trained sub-families, each held-out sub-family apart."""
+        c, sets = self.cfg, {}
+        for name, fam in self.families.items():
+            sets[name] = fam.make_split("heldout", c.eval.tasks, c.difficulty, self.allowed(name))
+            for sub in self.heldout_subs.get(name, []):
+                sets[f"{name}/{sub} (held-out sub-family)"] = fam.make_split("heldout", c.eval.tasks, c.difficulty, [sub])
+        return sets
+
+    def evaluate(self, stage: str, model: str, humaneval: bool = False) -> dict:
+        """The policy at `model` on every set (and HumanEval when asked), cached in eval_<stage>.json."""
+        path = self.dir / f"eval_{stage}.json"
+        if path.exists():
+            return {k: EvalResult(**v) for k, v in json.loads(path.read_text()).items()}
+        from longhaul.models import load_policy
+        from longhaul.runtime.rollout import make_sampler
+
+        c = self.cfg
+        t0 = time.perf_counter()
+        policy, tok = load_policy(model)
+        run_cfg = _run_config(_merge(self._base_tree("eval"), {"model": {"name": model}}), "eval")
+        sampler = make_sampler(run_cfg, policy, tok)
+        results, episodes = {}, []
+
+        def keep(trajs):
+            episodes.extend({"task_id": t.info.get("task_id"), "passed": t.info.get("passed"), "status": t.info.get("status"),
+                             "messages": t.info.get("messages", [])} for t in trajs)
+
+        sets = self.eval_sets()
+        with progress_bar(True) as prog:
+            bar = prog.add_task(f"eval {stage}", total=sum(len(v) for v in sets.values()), info="")
+            for key, tasks in sets.items():
+                fam = self.families[key.split("/")[0]]
+                results[key] = evaluate(sampler, tok, fam, tasks, stage, c.eval.max_new_tokens, batch_size=16, max_turns=c.eval.max_turns,
+                                        on_batch=lambda n: prog.advance(bar, n), seed=c.seed, on_episodes=keep,
+                                        agent={**run_cfg.rollout.agent_options(), "keep_messages": True})
+            if humaneval:
+                he = get_family("humaneval")
+                tasks = he.make_split("heldout", 164, 1, None)
+                results["humaneval"] = evaluate(sampler, tok, he, tasks, stage, 384, batch_size=32)
+        self.timing[f"eval_{stage}"] = time.perf_counter() - t0
+        tmp = self.dir / f".episodes_{stage}.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(e) + "\n" for e in episodes))
+        os.replace(tmp, self.dir / f"episodes_{stage}.jsonl")
+        _write_json(path, {k: {f: getattr(r, f) for f in ("label", "task_ids", "passed", "statuses", "counts", "samples", "agent")}
+                           for k, r in results.items()})
+        return results
+
+    # ---- the whole -----------------------------------------------------------------------
+    def run(self) -> dict:
+        c = self.cfg
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _write_json(self.dir / "pipeline_config.json", c.model_dump(mode="json"))
+        t0 = time.perf_counter()
+        base = c.model.name
+        last = c.stages[-1] if c.stages else "base"
+        evals = {"base": self.evaluate("base", base, c.eval.humaneval)}
+        model = base
+        if "sft" in c.stages:
+            model = self.sft(base, self.demos())
+            evals["sft"] = self.evaluate("sft", model, c.eval.humaneval and last == "sft")
+        if "rl" in c.stages:
+            model = self.rl(model)
+            evals["rl"] = self.evaluate("rl", model, c.eval.humaneval)
+        self.timing["total"] = time.perf_counter() - t0
+        summary = summarize(evals, self.timing, c)
+        _write_json(self.dir / "pipeline.json", summary)
+        from longhaul.eval.pipeline_report import write_pipeline_report
+
+        report = write_pipeline_report(self.dir, summary)
+        print_summary(summary)
+        console.print(f"report: {report}")
+        return summary
+
+
+def _stage_row(results: dict[str, EvalResult], sets: list[str]) -> dict:
+    passed = [p for k in sets for p in results[k].passed]
+    from longhaul.eval.stats import wilson
+
+    agent = EvalResult.concat([results[k] for k in sets]).agent if sets else None
+    return {"passed": sum(passed), "n": len(passed), "pass_rate": sum(passed) / max(1, len(passed)),
+            "ci95": list(wilson(sum(passed), len(passed))), "agent": agent}
+
+
+def _paired(results_a: dict, results_b: dict, sets: list[str]) -> dict:
+    a = [p for k in sets for p in results_a[k].passed]
+    b = [p for k in sets for p in results_b[k].passed]
+    return mcnemar_exact(a, b)
+
+
+def summarize(evals: dict[str, dict[str, EvalResult]], timing: dict, cfg: PipelineConfig) -> dict:
+    """The pipeline's figures: per stage over the trained sets, per set, the held-out
+    sub-families apart, paired tests between consecutive stages, HumanEval."""
+    first = next(iter(evals.values()))
+    trained_sets = [k for k in first if k in cfg.families]
+    transfer_sets = [k for k in first if "held-out sub-family" in k]
+    out = {"stages": {s: _stage_row(r, trained_sets) for s, r in evals.items()},
+           "by_set": {k: {s: _stage_row(r, [k]) for s, r in evals.items()} for k in trained_sets + transfer_sets},
+           "transfer": {s: _stage_row(r, transfer_sets) for s, r in evals.items()} if transfer_sets else {},
+           "humaneval": {s: _stage_row(r, ["humaneval"]) for s, r in evals.items() if "humaneval" in r},
+           "timing_s": {k: round(v, 1) for k, v in timing.items()}, "config": cfg.model_dump(mode="json"),
+           "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    stages = list(evals)
+    for a, b in zip(stages, stages[1:]):
+        out[f"{b}_vs_{a}"] = _paired(evals[a], evals[b], trained_sets)
+        if transfer_sets:
+            out[f"{b}_vs_{a}_transfer"] = _paired(evals[a], evals[b], transfer_sets)
+    if transfer_sets and len(stages) > 1:
+        out[f"{stages[-1]}_vs_base_transfer"] = _paired(evals["base"], evals[stages[-1]], transfer_sets)
+    from longhaul.envinfo import collect
+
+    out["host"] = collect().get("cpu")
+    return out
+
+
+def print_summary(summary: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title="held-out pass@1 (greedy, same tasks for every stage)")
+    for col in ("stage", "passed", "pass rate", "95% interval", "submit", "repair rate", "transfer", "HumanEval"):
+        t.add_column(col)
+    for stage, row in summary["stages"].items():
+        ag = row.get("agent") or {}
+        tr = summary["transfer"].get(stage)
+        he = summary["humaneval"].get(stage)
+        fmt = lambda x: "-" if x is None else f"{100 * x:.0f}%"  # noqa: E731
+        t.add_row(stage, f"{row['passed']}/{row['n']}", f"{100 * row['pass_rate']:.1f}%",
+                  f"[{100 * row['ci95'][0]:.1f}, {100 * row['ci95'][1]:.1f}]", fmt(ag.get("submit_rate")), fmt(ag.get("repair_rate")),
+                  f"{tr['passed']}/{tr['n']}" if tr else "-", f"{he['passed']}/{he['n']}" if he else "-")
+    console.print(t)
+    for key in [k for k in summary if k.endswith("_vs_sft") or k.endswith("_vs_base")]:
+        m = summary[key]
+        console.print(f"{key}: gained {m['gained']}, lost {m['lost']}, exact McNemar p = {m['p_value']:.3g}")
+
+
+def run_pipeline(cfg: PipelineConfig) -> dict:
+    return Pipeline(cfg).run()
