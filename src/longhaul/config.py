@@ -52,10 +52,13 @@ class RolloutConfig(Section):
     # keep_outputs) and go on in a new segment, or end the episode as truncated
     context: Literal["elide", "truncate"] = "elide"
     keep_outputs: int = Field(2, ge=0)
+    # a multi-turn episode ends (truncated, "idle") after this many replies in a row without a valid tool call: a
+    # stuck agent spends the rest of its turns' tokens for nothing; None: only max_turns ends it
+    max_idle_turns: int | None = Field(3, ge=1)
 
     def agent_options(self) -> dict:
         """The AgentConfig fields this section sets for multi-turn episodes."""
-        return {"context": self.context, "keep_outputs": self.keep_outputs}
+        return {"context": self.context, "keep_outputs": self.keep_outputs, "max_idle_turns": self.max_idle_turns}
 
     @field_validator("dtype")
     @classmethod

@@ -85,6 +85,9 @@ def test_turn_and_context_budgets_truncate(tok):
     talk = ScriptedPolicy(tok, {"k": ["I am thinking."]})
     t = run_episodes(talk, tok, lambda t: WorkspaceEnv(), [task()], AgentConfig(max_turns=3, max_tokens=100_000), keys=["k"])[0]
     assert (t.info["ended"], t.info["truncated_by"], t.info["turns"]) == ("truncated", "max_turns", 3)
+    talk = ScriptedPolicy(tok, {"k": ["I am thinking.", "Still thinking.", format_call("list_dir"), "Hmm.", "Hm.", "H."]})
+    t = run_episodes(talk, tok, lambda t: WorkspaceEnv(), [task()], AgentConfig(max_turns=10, max_idle_turns=3), keys=["k"])[0]
+    assert (t.info["truncated_by"], t.info["turns"]) == ("idle", 6)  # a valid call in between resets the count
     # the first prompt alone is ~2,500 byte tokens: a 3,000-token context overflows after a turn or two
     listing = ScriptedPolicy(tok, {"k": [format_call("read_file", path="m.py")]})
     t = run_episodes(listing, tok, lambda t: WorkspaceEnv(), [task()], AgentConfig(max_turns=50, max_tokens=3000), keys=["k"])[0]

@@ -88,6 +88,7 @@ class AgentConfig:
     context: Literal["truncate", "elide"] = "truncate"  # when the next reply would not fit: end the episode, or elide old outputs
     keep_outputs: int = 2  # with "elide": the most recent tool outputs kept whole
     keep_messages: bool = False  # put the episode's chat messages in Trajectory.info["messages"] (reports, demonstrations)
+    max_idle_turns: int | None = None  # end (truncated, "idle") after this many replies in a row with no valid tool call
 
 
 @dataclass
@@ -105,6 +106,7 @@ class _Episode:
     tool_calls: int = 0
     counts: dict = field(default_factory=lambda: {"invalid_calls": 0, "failed_calls": 0, "repeated_calls": 0, "elided": 0})
     replies: set = field(default_factory=set)  # replies seen so far: a repeat is a loop
+    idle: int = 0  # replies in a row without a valid tool call
     t0: float = field(default_factory=time.perf_counter)
 
 
@@ -247,6 +249,8 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
                     ep.counts[k] += res.info.get(k, 0)
                 ep.counts["repeated_calls"] += reply.strip() in ep.replies
                 ep.replies.add(reply.strip())
+                stuck = "invalid_calls" in res.info and res.info.get("tool_calls", 0) <= res.info["invalid_calls"]  # envs that count them
+                ep.idle = ep.idle + 1 if stuck else 0
                 ep.messages += [{"role": "assistant", "content": reply}, *res.observations]
                 if res.terminated:
                     ep.ended = "done"
@@ -256,6 +260,9 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
                     return
                 if len(ep.turns) >= cfg.max_turns:
                     ep.ended, ep.info["truncated_by"] = "truncated", "max_turns"
+                    return
+                if cfg.max_idle_turns and ep.idle >= cfg.max_idle_turns:
+                    ep.ended, ep.info["truncated_by"] = "truncated", "idle"
                     return
                 _advance(tok, ep, g.token_ids, cfg.prompt_mode)
                 if cfg.context == "elide" and len(ep.ids) + cfg.max_new_tokens > cfg.max_tokens:
