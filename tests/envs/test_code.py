@@ -16,7 +16,8 @@ def test_score_reference_null_and_syntax():
     null = f"def {task.entry_point}(*a, **k):\n    return None\n"
     replies = [f"```python\n{task.reference}\n```", f"```python\n{null}```", "```python\ndef (:\n```",
                "```python\nwhile True: pass\n```"]
-    scores = fam.score_many([task] * 4, replies, timeout_s=1.0)
+    # the three that must finish get room for a loaded machine; only the endless loop meets the short limit
+    scores = fam.score_many([task] * 3, replies[:3], timeout_s=60.0) + fam.score_many([task], replies[3:], timeout_s=1.0)
     assert [s.status for s in scores] == ["pass", "fail", "syntax", "timeout"]
     assert [s.reward for s in scores] == [1.0, 0.0, 0.0, 0.0]
 

@@ -1,9 +1,12 @@
 """The workspace env through its tools, in the real sandbox: every bad input is an observation."""
 
+import subprocess
+
 import pytest
 
 from longhaul.envs.tools import format_call
 from longhaul.envs.workspace import HIDDEN_DIR, WorkspaceEnv, WorkspaceLimits, WorkspaceTask
+from tests.waiting import wait_until
 
 SRC = "def add(a, b):\n    return a - b\n"
 TEST = "from m import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
@@ -22,7 +25,8 @@ def task(**kw):
 
 @pytest.fixture
 def env():
-    e = WorkspaceEnv(WorkspaceLimits(max_observation_chars=2000, max_write_bytes=10_000, max_timeout_s=5.0))
+    # run_tests and run (default: the max) must finish inside max_timeout_s: room for a loaded machine
+    e = WorkspaceEnv(WorkspaceLimits(max_observation_chars=2000, max_write_bytes=10_000, max_timeout_s=60.0))
     yield e
     e.close()
 
@@ -58,7 +62,7 @@ def test_fix_through_the_tools_passes_and_the_null_agent_fails(env):
 
 def test_hidden_files_never_reach_the_agent_sandbox(env):
     env.reset(task())
-    _, out = obs(env, format_call("run", command=f"ls -a; ls {HIDDEN_DIR}; find / -path /proc -prune -o -name 'test_hidd*' -print 2>/dev/null", timeout=5))
+    _, out = obs(env, format_call("run", command=f"ls -a; ls {HIDDEN_DIR}; find / -path /proc -prune -o -name 'test_hidd*' -print 2>/dev/null", timeout=60))
     assert "test_hidden" not in out and "No such file" in out
 
 
@@ -114,14 +118,20 @@ def test_calls_per_reply_are_capped_and_submit_stops_the_rest(env):
 def test_verify_stops_background_processes_and_uses_a_fresh_copy(env):
     env.reset(task())
     obs(env, format_call("apply_patch", patch=FIX))
-    obs(env, format_call("run", command="(sleep 4.321; echo 'def add(a, b):\n    return 0' > m.py) & echo started"))
-    s = env.verify()  # the background writer is stopped before the copy is taken
+    # a background writer that would break m.py long after any test, or at once if its sleep were killed before it:
+    # verify() must stop the whole tree before killing any of it, and before it copies the workdir
+    obs(env, format_call("run", command="(sleep 4321.5; echo 'def add(a, b):\n    return 0' > m.py) & echo started"))
+    wait_until(lambda: _host_processes("sleep 4321.5"), what="the agent's background sleep to start")
+    s = env.verify()
     assert s.passed
-    import subprocess
+    # nothing the agent started outlives verify() (an odd duration: no other process's `sleep 4321...`); a SIGKILLed
+    # process may take a moment to be gone, one that was never stopped would sleep for over an hour
+    wait_until(lambda: not _host_processes("sleep 4321.5"), what="the agent's background sleep to be gone")
 
+
+def _host_processes(args: str) -> list[str]:
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    # nothing the agent started outlives verify() (an odd duration: no other process's `sleep 4...`)
-    assert not any(line.strip() == "sleep 4.321" for line in ps.splitlines())
+    return [line for line in ps.splitlines() if line.strip() == args]
 
 
 def test_verify_reports_syntax_and_timeouts(env):

@@ -1,7 +1,6 @@
 """RL hooks: versioned weight updates, pause/resume from another thread, partial rollouts."""
 
 import threading
-import time
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from test_engine import lively
 from longhaul.errors import LonghaulError
 from longhaul.inference import LLMEngine
 from longhaul.inference.sampling import SamplingParams
+from tests.waiting import DEADLINE_S, Gate
 
 
 PROMPTS = ["def fib(n):\n    return", "hello there", "a much longer prompt with several words"]
@@ -96,17 +96,29 @@ def test_pause_from_another_thread_mid_generate(models):
     old, new, tok = models
     eng = LLMEngine(old, tokenizer=tok, num_kv_blocks=64)
     result = {}
+    # the generating thread is held before its step after token 6 until the pause is in: mid-generation on any machine
+    eng.step_hook = gate = Gate(lambda: eng.stats()["generation_tokens_total"] >= 6)
+    waiting = threading.Event()
+    wait = eng._cond.wait
+
+    def wait_and_tell(timeout=None):  # generate's loop waits on this condition while the engine is paused
+        waiting.set()
+        return wait(timeout)
+
+    eng._cond.wait = wait_and_tell
     worker = threading.Thread(target=lambda: result.update(outs=eng.generate(PROMPTS, greedy(40))))
     worker.start()
-    while eng.stats()["generation_tokens_total"] < 6:
-        time.sleep(0.001)
-    eng.pause()
-    paused_at = eng.stats()["generation_tokens_total"]
-    time.sleep(0.05)
-    assert eng.stats()["generation_tokens_total"] == paused_at  # the generate loop waits
+    try:
+        gate.wait(alive=worker.is_alive)
+        eng.pause()
+        paused_at = eng.stats()["generation_tokens_total"]
+    finally:
+        gate.open()
+    assert waiting.wait(DEADLINE_S)  # the generate loop came round to wait for the resume ...
+    assert eng.stats()["generation_tokens_total"] == paused_at  # ... without a token more
     eng.update_weights(new.state_dict(), version=1)
     eng.resume()
-    worker.join(timeout=60)
+    worker.join(timeout=DEADLINE_S)
     assert not worker.is_alive()
     for p, o in zip(PROMPTS, result["outs"]):
         k = o.weight_version.index(1)

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from longhaul.config import load_config
 from longhaul.runtime.metrics import without_clock
 from longhaul.runtime.sync import run_training
+from tests.waiting import Gate
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny_grpo.yaml"
@@ -80,7 +81,6 @@ def test_partial_rollout_switches_weights_mid_generation_and_records_versions():
     """Greedy generation from a worker; new weights land after some tokens: the tokens before
     carry version 0 and are v0's greedy choices, the rest carry version 1 and are v1's."""
     import threading
-    import time
 
     from longhaul.inference import LLMEngine, SamplingParams, generate
     from longhaul.runtime.pool import policy_tensors
@@ -94,12 +94,17 @@ def test_partial_rollout_switches_weights_mid_generation_and_records_versions():
     def gen():
         seen["out"] = generate(engine, tok, [prompt], params)[0]
 
+    # the generating thread is held before its step after token 10 until the new weights are in: however the
+    # threads are scheduled, the load lands mid-generation (not after the last token)
+    engine.step_hook = gate = Gate(lambda: engine.stats()["generation_tokens_total"] >= 10)
     th = threading.Thread(target=gen)
     th.start()
-    while engine.stats()["generation_tokens_total"] < 10:
-        time.sleep(0.001)
-    engine.update_weights(policy_tensors(v1), version=1)
-    th.join()
+    try:
+        gate.wait(alive=th.is_alive)
+        engine.update_weights(policy_tensors(v1), version=1)
+    finally:
+        gate.open()
+        th.join()
     out = seen["out"]
     k = out.versions.index(1)
     assert 10 <= k < len(out.token_ids) and out.versions == [0] * k + [1] * (len(out.versions) - k)
@@ -114,7 +119,6 @@ def test_a_worker_keeps_or_recomputes_inflight_kv_as_configured(kv):
     """runtime.inflight_kv reaches the engine: a load mid-generation re-prefills the sequences in
     flight (recompute) or leaves them decoding on their K/V (keep); versions switch either way."""
     import threading
-    import time
 
     from longhaul.inference import SamplingParams, generate
     from longhaul.runtime.pool import policy_tensors
@@ -125,15 +129,17 @@ def test_a_worker_keeps_or_recomputes_inflight_kv_as_configured(kv):
     worker = RolloutWorker(cfg, build_family(cfg), tok, make_sampler(cfg, v0, tok))
     prompt = tok("Say kalo kalo kalo", add_special_tokens=False).input_ids
     seen = {}
+    # held before the step after token 12 (4 per sequence) until the load is done: all three are still in flight
+    worker.sampler.step_hook = gate = Gate(lambda: worker.sampler.stats()["generation_tokens_total"] >= 12)
     th = threading.Thread(target=lambda: seen.update(out=generate(worker.sampler, tok, [prompt] * 3,
                                                                   SamplingParams(max_new_tokens=80, temperature=0))))
     th.start()
-    deadline = time.monotonic() + 120
-    while worker.sampler.stats()["generation_tokens_total"] < 12:
-        assert th.is_alive() and time.monotonic() < deadline, "generation ended or stalled before the update"
-        time.sleep(0.001)
-    worker.load_weights(policy_tensors(v1), 1)
-    th.join()
+    try:
+        gate.wait(alive=th.is_alive)
+        worker.load_weights(policy_tensors(v1), 1)
+    finally:
+        gate.open()
+        th.join()
     assert all(0 < c.versions.index(1) < len(c.versions) for c in seen["out"])
     assert worker.sampler.stats()["num_recomputed_total"] == (0 if kv == "keep" else 3)
 

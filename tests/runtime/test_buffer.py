@@ -2,12 +2,12 @@
 
 import json
 import threading
-import time
 
 import pytest
 
 from longhaul.runtime.buffer import Entry, ReplayBuffer, reward_spread
 from longhaul.types import Trajectory, Turn
+from tests.waiting import DEADLINE_S
 
 
 def _group(step: int, rewards, version: int = 0):
@@ -61,25 +61,32 @@ def test_bounded_put_waits_for_room_and_times_out():
     buf.put(_entry(2))
     with pytest.raises(TimeoutError, match="full"):
         buf.put(_entry(3), timeout=0.05)
-    done = threading.Event()
+    done, waiting = threading.Event(), threading.Event()
+    wait = buf._cond.wait
+
+    def wait_and_tell(timeout=None):  # the producer is inside put, waiting on the buffer's condition
+        waiting.set()
+        return wait(timeout)
+
+    buf._cond.wait = wait_and_tell
 
     def producer():
         buf.put(_entry(3))
         done.set()
 
     threading.Thread(target=producer, daemon=True).start()
-    time.sleep(0.1)
+    assert waiting.wait(DEADLINE_S)
     assert not done.is_set(), "put must wait while the buffer is full"
     buf.take(1, 1, timeout=0)
-    assert done.wait(2) and len(buf) == 2
+    assert done.wait(DEADLINE_S) and len(buf) == 2
 
 
 def test_take_waits_for_enough_matching_groups():
     buf = ReplayBuffer(4)
     with pytest.raises(TimeoutError, match="for step 1"):
         buf.take(1, 1, timeout=0.05)
-    threading.Timer(0.05, lambda: buf.put(_entry(1))).start()
-    assert [e.uid for e in buf.take(1, 1, timeout=2)] == ["1.0/0"]
+    threading.Timer(0.05, lambda: buf.put(_entry(1))).start()  # whether take waits already or not, it gets the entry
+    assert [e.uid for e in buf.take(1, 1, timeout=DEADLINE_S)] == ["1.0/0"]
 
 
 def test_write_through_and_resume_replays_to_the_checkpointed_step(tmp_path):

@@ -29,7 +29,9 @@ def ray_head():
     exe = shutil.which("ray", path=os.path.dirname(sys.executable))
     if exe is None:
         pytest.skip("the `ray` command is not installed")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # RAY_memory_monitor_refresh_ms=0: Ray's own OOM killer off, so that other processes' memory on a shared
+    # machine does not kill this cluster's workers (at 95% of the node's memory, whoever holds it)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_memory_monitor_refresh_ms": "0"}
     subprocess.run([exe, "start", "--head", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
                    check=True, capture_output=True, env=env, timeout=120)
     try:
@@ -63,15 +65,23 @@ def ray_cluster(ray_head):
 
 @pytest.fixture()
 def rollout_pools(monkeypatch):
-    """The RayRollouts a run creates, as they are created."""
+    """The RayRollouts a run creates, as they are created; each one's `results` maps a request's
+    uid to the object ref of its result (ready once the actor has answered)."""
     pools = []
-    real_init = ray_backend.RayRollouts.__init__
+    real_init, real_watch = ray_backend.RayRollouts.__init__, ray_backend.RayRollouts._watch
 
     def spy(self, *a, **kw):
+        self.results = {}
         real_init(self, *a, **kw)
         pools.append(self)
 
+    def watch(self, wid, fut, kind, uid=None):
+        if kind == "result":
+            self.results[uid] = fut
+        real_watch(self, wid, fut, kind, uid)
+
     monkeypatch.setattr(ray_backend.RayRollouts, "__init__", spy)
+    monkeypatch.setattr(ray_backend.RayRollouts, "_watch", watch)
     return pools
 
 
@@ -115,8 +125,11 @@ def test_tiny_grpo_on_a_ray_cluster_survives_a_killed_rollout_actor(tmp_path, ra
     def busy_actor():  # a request is in flight on an actor: its process
         pools = rollout_pools
         if pools and pools[0]._running:
-            pids = pools[0].actor_pids()
-            return pids.get(next(iter(pools[0]._running.values()))[0])
+            pool, pids = pools[0], pools[0].actor_pids()
+            for uid, (wid, _, _) in list(pool._running.items()):
+                # not one the actor has answered already, whose answer waits for the busy driver to read it
+                if wid in pids and uid in pool.results and not ray.wait([pool.results[uid]], timeout=0)[0]:
+                    return pids[wid]
         return None
 
     killed = {}

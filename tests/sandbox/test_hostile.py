@@ -7,14 +7,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from longhaul.sandbox.sandbox import Sandbox, SandboxError
 from longhaul.sandbox.spec import SandboxSpec
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (make test installs it)")
 
@@ -39,7 +38,9 @@ def host_pids_matching(text: str) -> list[int]:
 
 
 def test_fork_bomb_hits_pids_and_leaves_nothing(sbx):
-    r = sbx.exec(["sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 2"], timeout=8)
+    # the shell ends once the bomb's first refused fork is reported (its stderr is read with builtins only),
+    # however slowly the bomb grows on a loaded machine: no fixed sleep
+    r = sbx.exec(["sh", "-c", 'bomb() { bomb | bomb & }; { bomb; } 2>&1 | { read -r refused; echo "$refused" >&2; }'], timeout=120)
     assert r.limit_hit == "pids", r
     assert sbx.cgroup is None or sbx.cgroup.pids() == []
 
@@ -51,21 +52,20 @@ def test_memory_bomb_hits_memory(sbx):
 
 
 def test_cpu_loop_hits_cpu(sbx):
-    r = sbx.exec(py("while True: pass"), timeout=15)
+    r = sbx.exec(py("while True: pass"), timeout=120)  # a loaded machine takes longer to spend 2 s of CPU
     assert r.limit_hit == "cpu", r
-    assert r.cpu_s >= 1.5 and r.wall_s < 15
+    assert r.cpu_s >= 1.5
 
 
 def test_sleep_forever_hits_wall_and_nothing_is_left(sbx):
     r = sbx.exec(["sleep", "4242"], timeout=0.5)
-    assert r.limit_hit == "wall" and r.wall_s < 5, r
-    time.sleep(0.2)
-    assert host_pids_matching("sleep 4242") == []
+    assert r.limit_hit == "wall", r
+    wait_until(lambda: host_pids_matching("sleep 4242") == [], what="the sandbox's sleep to be gone")
 
 
 def test_yes_is_truncated_and_returns_promptly(sbx):
-    r = sbx.exec(["yes"], timeout=20)
-    assert r.truncated and r.limit_hit == "output" and r.wall_s < 5, r
+    r = sbx.exec(["yes"], timeout=120)
+    assert r.truncated and r.limit_hit == "output", r  # stopped at the cap: never ran on to the wall limit
     assert len(r.stdout) == SPEC.output_bytes
 
 
@@ -98,37 +98,26 @@ def test_host_secrets_are_invisible(sbx, monkeypatch):
         secret.unlink()
 
 
-def _serve(family, addr):
+def _listen(family, addr):
     srv = socket.socket(family, socket.SOCK_STREAM)
     srv.bind((addr, 0))
     srv.listen(5)
-    srv.settimeout(5)
-    hits = []
-
-    def accept():
-        try:
-            conn, _ = srv.accept()
-            hits.append(1)
-            conn.close()
-        except OSError:
-            pass
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    return srv, srv.getsockname()[1], hits
+    return srv, srv.getsockname()[1]
 
 
 @pytest.mark.parametrize("family, addr", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")])
 def test_no_tcp_to_host_loopback(sbx, family, addr):
     try:
-        srv, port, hits = _serve(family, addr)
+        srv, port = _listen(family, addr)
     except OSError:
         pytest.skip(f"host has no {addr}")
     try:
         fam = "AF_INET6" if family == socket.AF_INET6 else "AF_INET"
         r = sbx.exec(py(f"import socket\ns = socket.socket(socket.{fam})\ns.settimeout(2)\ns.connect(('{addr}', {port}))\nprint('CONNECTED')"))
         assert "CONNECTED" not in r.stdout and r.exit_code != 0
-        time.sleep(0.2)
-        assert hits == []
+        srv.setblocking(False)
+        with pytest.raises(BlockingIOError):  # a connection that got through would be waiting in the backlog
+            srv.accept()
     finally:
         srv.close()
 
@@ -139,7 +128,7 @@ def test_no_dns(sbx):
 
 
 def test_kill_all_stays_inside(sbx):
-    bystander = subprocess.Popen(["sleep", "30"])
+    bystander = subprocess.Popen(["sleep", "3600"])  # outlives any exec: only a kill could end it
     try:
         r = sbx.exec(["sh", "-c", "sleep 30 & kill -9 -1; echo survived"])
         assert r.exit_code == 0 and "survived" in r.stdout  # the caller is spared, its sleep is not
@@ -168,15 +157,13 @@ def test_no_setuid_no_nested_namespaces(sbx):
 def test_sigterm_trap_is_killed(sbx):
     r = sbx.exec(["sh", "-c", "trap '' TERM; sleep 4343"], timeout=0.5)
     assert r.limit_hit == "wall"
-    time.sleep(0.2)
-    assert host_pids_matching("sleep 4343") == []
+    wait_until(lambda: host_pids_matching("sleep 4343") == [], what="the sandbox's sleep to be gone")
 
 
 def test_double_forked_daemon_is_gone_after_exec(sbx):
     r = sbx.exec(["sh", "-c", "(setsid sleep 4444 > /dev/null 2>&1 &) ; echo started"])
     assert r.ok and "started" in r.stdout
-    time.sleep(0.2)
-    assert host_pids_matching("sleep 4444") == []
+    wait_until(lambda: host_pids_matching("sleep 4444") == [], what="the daemon to be gone")
 
 
 def test_fd_exhaustion_is_contained(sbx):

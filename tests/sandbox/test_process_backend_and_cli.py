@@ -19,7 +19,7 @@ def test_process_backend_applies_limits_without_isolation():
         assert r.ok and r.stdout.splitlines()[0] == "hi" and r.stdout.splitlines()[1] == str(sb.workdir)
         assert sb.exec(["sleep", "30"], timeout=0.3).limit_hit == "wall"
         assert sb.exec(["yes"]).limit_hit == "output"
-        assert sb.exec(["python3", "-c", "while True: pass"], timeout=10).limit_hit == "cpu"
+        assert sb.exec(["python3", "-c", "while True: pass"], timeout=120).limit_hit == "cpu"  # 1 s of CPU, however loaded
 
 
 def test_unknown_backend_is_an_error():

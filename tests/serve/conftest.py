@@ -17,6 +17,7 @@ import pytest
 
 from longhaul.serve.app import create_app
 from longhaul.serve.config import ServeConfig
+from tests.waiting import wait_until
 
 
 def free_port() -> int:
@@ -81,15 +82,19 @@ def redis_url(tmp_path_factory):
     import redis
 
     client = redis.Redis(port=port)
-    for _ in range(100):
+
+    def answers() -> bool:
+        assert proc.poll() is None, f"redis-server exited with {proc.returncode}"
         try:
-            client.ping()
-            break
+            return client.ping()
         except redis.ConnectionError:
-            time.sleep(0.05)
-    else:
+            return False
+
+    try:
+        wait_until(answers, what="redis-server to answer")
+    except AssertionError:
         proc.kill()
-        pytest.fail("redis-server did not start")
+        raise
     yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(10)

@@ -14,20 +14,26 @@ from longhaul.serve.auth import ApiKey, digest, load_keys
 from longhaul.serve.openai_api.protocol import APIError
 from longhaul.serve.ratelimit import RateLimiter
 from tests.serve.conftest import running_server
+from tests.waiting import DEADLINE_S, Gate
 
 MSG = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def served(tmp_path_factory):
     d = tmp_path_factory.mktemp("keys")
     keys = d / "keys.json"
     keys.write_text(json.dumps({"keys": [
         {"name": "alice", "key": "sk-alice"},
         {"name": "bob", "key_sha256": digest("sk-bob"), "requests_per_minute": 2},
         {"name": "carol", "key": "sk-carol", "tokens_per_minute": 60}]}))
-    with running_server(d, api_keys=["sk-plain"], api_keys_file=str(keys), max_num_seqs=1, max_queued_requests=0) as (base, _):
-        yield base
+    with running_server(d, api_keys=["sk-plain"], api_keys_file=str(keys), max_num_seqs=1, max_queued_requests=0) as (base, app):
+        yield base, app
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[0]
 
 
 def client(base, key):
@@ -72,26 +78,35 @@ def test_tokens_per_minute_counts_generated_tokens(server):
     assert e.value.response.headers["x-ratelimit-limit-tokens"] == "60"
 
 
-def test_a_full_admission_queue_gives_503_then_recovers(server):
+def test_a_full_admission_queue_gives_503_then_recovers(served):
+    server, app = served
+    eng = app.state.server.engine
     alice = client(server, "sk-alice")
-    started = threading.Event()
     done = []
 
     def long_request():
         stream = alice.chat.completions.create(model="tiny-llama", messages=MSG, max_tokens=300, stream=True,
                                                extra_body={"min_tokens": 300, "ignore_eos": True})
-        for chunk in stream:
-            started.set()
+        for _ in stream:
+            pass
         done.append(True)
 
+    # the engine is held mid-request (after its first token) until the 503 is in: the long request still holds
+    # the one admission slot then, however slowly this thread gets to send the second request
+    before = eng.stats()["generation_tokens_total"]
+    eng.step_hook = gate = Gate(lambda: eng.stats()["generation_tokens_total"] > before)
     t = threading.Thread(target=long_request)
     t.start()
-    assert started.wait(30)
-    with pytest.raises(openai.APIStatusError) as e:
-        alice.chat.completions.create(model="tiny-llama", messages=MSG, max_tokens=1)
+    try:
+        gate.wait(alive=t.is_alive)
+        with pytest.raises(openai.APIStatusError) as e:
+            alice.chat.completions.create(model="tiny-llama", messages=MSG, max_tokens=1)
+    finally:
+        gate.open()
+        eng.step_hook = None
     assert e.value.status_code == 503 and int(e.value.response.headers["retry-after"]) >= 1
     assert e.value.body["code"] == "server_busy"
-    t.join(60)
+    t.join(DEADLINE_S)
     assert done and alice.chat.completions.create(model="tiny-llama", messages=MSG, max_tokens=1).choices
 
 

@@ -2,7 +2,6 @@
 batch, aborts and add errors reach their streams, asyncio streams get the newest output."""
 
 import asyncio
-import time
 
 import pytest
 
@@ -11,6 +10,7 @@ from longhaul.inference import LLMEngine
 from longhaul.inference.sampling import SamplingParams
 from longhaul.models import load_policy
 from longhaul.serve.engine_loop import AsyncStream, EngineLoop, ThreadStream
+from tests.waiting import DEADLINE_S, Gate
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_threaded_requests_equal_generate(model):
         streams = [ThreadStream() for _ in prompts]
         for i, (p, sp, s) in enumerate(zip(prompts, params, streams)):
             loop.submit(f"r{i}", p, sp, s)
-        outs = [s.wait(30) for s in streams]
+        outs = [s.wait(DEADLINE_S) for s in streams]
     finally:
         loop.stop()
     for o, r in zip(outs, ref):
@@ -50,15 +50,20 @@ def test_add_error_and_abort_reach_the_stream(model):
         bad = ThreadStream()
         loop.submit("long", list(range(3, 80)), SamplingParams(max_tokens=4), bad)
         with pytest.raises(LonghaulError, match="max_model_len"):
-            bad.wait(10)
+            bad.wait(DEADLINE_S)
         slow = ThreadStream()
+        # the loop thread is held before the step after slow's first token until the abort is queued: it is
+        # applied before the next step, however the threads are scheduled, so slow never runs to its end
+        eng.step_hook = gate = Gate(lambda: slow.latest is not None)
         loop.submit("slow", [5, 6, 7], SamplingParams(max_tokens=50, ignore_eos=True, temperature=0), slow)
-        while slow.latest is None:
-            time.sleep(0.001)
-        loop.abort("slow")
+        try:
+            gate.wait()
+            loop.abort("slow")
+        finally:
+            gate.open()
         ok = ThreadStream()
         loop.submit("after", [5, 6], SamplingParams(max_tokens=3, temperature=0), ok)
-        assert len(ok.wait(10).token_ids) == 3
+        assert len(ok.wait(DEADLINE_S).token_ids) == 3
         assert not eng.has_unfinished_requests() and "slow" not in eng.requests
         assert len(slow.latest.token_ids) < 50
     finally:

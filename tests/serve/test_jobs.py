@@ -12,6 +12,7 @@ import pytest
 from longhaul.serve.jobs.redis_store import RedisJobStore
 from longhaul.serve.jobs.store import SqliteJobStore
 from tests.serve.conftest import free_port, running_server, start_cli_server, wait_ready
+from tests.waiting import wait_until
 
 A, B = {"Authorization": "Bearer k-a"}, {"Authorization": "Bearer k-b"}
 
@@ -89,8 +90,17 @@ def test_a_job_survives_a_server_killed_mid_episode(backend, tmp_path, request):
         wait_ready(base, 120, proc)
         long = {"family": "terminal", "seed": 2, "max_turns": 2, "max_new_tokens": 64, "temperature": 1.0}
         first = httpx.post(base + "/v1/jobs", json=long, headers=A).json()["id"]
-        wait_status(base, first, ("running",), poll=0.01)
         second = httpx.post(base + "/v1/jobs", json={"family": "echo", "max_new_tokens": 4}, headers=A).json()["id"]
+        # the server is frozen the moment its store says the first job runs (read straight from the store, not
+        # over HTTP), then the store is checked again: the kill lands mid-episode, on a loaded machine too
+        store = RedisJobStore(request.getfixturevalue("redis_url")) if backend == "redis" else SqliteJobStore(tmp_path / "jobs.sqlite")
+        try:
+            wait_until(lambda: store.get(first)["status"] != "queued", interval=0.005, what="the first job to start")
+            proc.send_signal(signal.SIGSTOP)
+            at_kill = (store.get(first)["status"], store.get(second)["status"])
+        finally:
+            store.close()
+        assert at_kill == ("running", "queued"), f"not mid-episode when the server was frozen: {at_kill}"
         proc.send_signal(signal.SIGKILL)  # no shutdown hook runs: the store alone must carry the jobs
         proc.wait(30)
         proc = start_cli_server(port, *args)
@@ -123,17 +133,25 @@ def test_sqlite_store_claims_in_order_and_recovers_running_jobs(tmp_path):
 def test_redis_store_hands_a_dead_replicas_job_to_another_after_the_lease(redis_url):
     import redis
 
-    redis.Redis.from_url(redis_url).flushdb()
-    a, b = RedisJobStore(redis_url, lease_s=0.3), RedisJobStore(redis_url, lease_s=0.3)
+    r = redis.Redis.from_url(redis_url)
+    r.flushdb()
+    # No sleeps against the lease: the test waits on Redis's own idle time for the entry. The one span that
+    # must stay under the lease is a heartbeat and the claim right after it (two local round trips).
+    lease_s = 1.0
+    a, b = RedisJobStore(redis_url, lease_s=lease_s), RedisJobStore(redis_url, lease_s=lease_s)
     rec = a.submit({"family": "echo"}, "o", 10)
     job = a.claim("replica-a", 0.1)
-    assert job["id"] == rec["id"] and b.claim("replica-b", 0.1) is None  # claimed: nobody else gets it
-    time.sleep(0.2)
-    a.heartbeat(job, "replica-a")  # a live worker keeps its claim
-    time.sleep(0.2)
+    patient = RedisJobStore(redis_url, lease_s=600)
+    assert job["id"] == rec["id"] and patient.claim("replica-b", 0.1) is None  # claimed: nobody else gets it
+
+    def idle_s() -> float:
+        (entry,) = r.xpending_range("longhaul:jobs", "longhaul-workers", "-", "+", 1)
+        return entry["time_since_delivered"] / 1000
+
+    wait_until(lambda: idle_s() >= lease_s, what="the claim to outlast the lease")  # b could take it now ...
+    a.heartbeat(job, "replica-a")  # ... but a live worker keeps its claim
     assert b.claim("replica-b", 0.1) is None
-    time.sleep(0.4)  # replica-a went silent past the lease
-    stolen = b.claim("replica-b", 0.1)
+    stolen = wait_until(lambda: b.claim("replica-b", 0.1), what="the lease to run out")  # replica-a went silent
     assert stolen["id"] == rec["id"] and stolen["attempts"] == 2
     b.finish(stolen, {"r": 1})
     assert a.get(rec["id"])["status"] == "succeeded" and a.counts()["succeeded"] == 1 and a.counts()["running"] == 0

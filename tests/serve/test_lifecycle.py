@@ -3,7 +3,6 @@ loading failed) while /health answers; every request gets an id, echoed and logg
 
 import json
 import logging
-import time
 
 import httpx
 from fastapi.testclient import TestClient
@@ -12,6 +11,7 @@ from longhaul.serve.app import create_app
 from longhaul.serve.config import ServeConfig
 from longhaul.serve.logs import JsonFormatter
 from tests.serve.conftest import running_server
+from tests.waiting import wait_until
 
 
 def test_not_ready_before_start_up_and_failed_when_loading_fails(tmp_path):
@@ -24,11 +24,7 @@ def test_not_ready_before_start_up_and_failed_when_loading_fails(tmp_path):
     assert r.status_code == 503 and r.json()["error"]["code"] == "not_ready"
     broken = create_app(ServeConfig(model=str(tmp_path / "missing-model"), jobs_db=str(tmp_path / "b.sqlite")))
     with TestClient(broken) as c:
-        for _ in range(200):
-            body = c.get("/ready").json()
-            if body["status"] != "loading":
-                break
-            time.sleep(0.02)
+        body = wait_until(lambda: (b := c.get("/ready").json())["status"] != "loading" and b, what="loading to end")
         assert body["status"] == "failed" and "not found" in body["error"] and c.get("/health").status_code == 200
 
 

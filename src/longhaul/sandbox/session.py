@@ -134,12 +134,15 @@ class Session:
             return
         self._closed = True
         # The shell does not die with bwrap (its parent-death signal is lost when bwrap drops
-        # privileges), so the whole tree is killed, innermost first.
-        for pid in [*reversed(_descendants(self._proc.pid)), self._proc.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        # privileges), so the whole tree is killed, innermost first. It is stopped first: a parent
+        # must not run on when its child dies (`(sleep 9; echo x > f) &` would write f now).
+        tree = [*reversed(_descendants(self._proc.pid)), self._proc.pid]
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in tree:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
         self._proc.wait()
         # The pumps end at EOF, once every process holding the pipes is gone. Closing a stream a
         # pump is still reading would block on its lock, so stragglers are killed first.

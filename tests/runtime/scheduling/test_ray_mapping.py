@@ -41,7 +41,8 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, resources={"rack:r7": 1}, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, resources={"rack:r7": 1}, include_dashboard=False, log_to_driver=False,
+             _system_config={"memory_monitor_refresh_ms": 0})  # no OOM kills for other processes' memory
     try:
         yield
     finally:
