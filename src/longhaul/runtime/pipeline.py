@@ -31,7 +31,7 @@ from longhaul.config import PipelineConfig, RunConfig, _explain
 from longhaul.envs import get_family
 from longhaul.errors import LonghaulError
 from longhaul.eval.passrate import EvalResult, evaluate
-from longhaul.eval.stats import mcnemar_exact
+from longhaul.eval.stats import mcnemar_exact, wilson
 from longhaul.runtime.progress import console, progress_bar
 
 
@@ -222,8 +222,6 @@ class Pipeline:
 
 def _stage_row(results: dict[str, EvalResult], sets: list[str]) -> dict:
     passed = [p for k in sets for p in results[k].passed]
-    from longhaul.eval.stats import wilson
-
     agent = EvalResult.concat([results[k] for k in sets]).agent if sets else None
     return {"passed": sum(passed), "n": len(passed), "pass_rate": sum(passed) / max(1, len(passed)),
             "ci95": list(wilson(sum(passed), len(passed))), "agent": agent}
