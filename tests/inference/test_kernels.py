@@ -432,3 +432,16 @@ def test_attention_pack_refuses_indices_outside_the_rows(native):
         native.attention_pack(q, kv, kv, cs, cs, b.q_index, b.q_len, bad, b.kv_len)
     with pytest.raises(RuntimeError, match="out of range"):
         native.attention_unpack(torch.randn(1, 2, 2, 8), b.out_index, 4)
+
+
+def test_each_torch_install_builds_into_its_own_directory(monkeypatch, tmp_path):
+    """Two venvs on one machine compile against different torch include paths: sharing one build
+    directory made each rebuild the other's and wait on its lock."""
+    from longhaul.inference import kernels
+
+    monkeypatch.setenv("LONGHAUL_KERNEL_CACHE", str(tmp_path))
+    sources = sorted(kernels.CSRC.glob("*.cpp"))
+    here = kernels.build_dir(sources)
+    assert here == kernels.build_dir(sources), "the same install: the same build"
+    monkeypatch.setattr(torch, "__file__", str(tmp_path / "other-venv" / "torch" / "__init__.py"))
+    assert kernels.build_dir(sources) != here

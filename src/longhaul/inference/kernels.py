@@ -1,8 +1,10 @@
 """Native CPU kernels of the engine, built once on first use and cached.
 
 Owns building and loading `csrc/*.cpp` (one module) with torch's C++ extension loader into
-`$LONGHAUL_KERNEL_CACHE/<torch version>-<source hash>/` (default `~/.cache/longhaul/kernels`,
-shared by every `LONGHAUL_HOME`: a build depends only on the sources, flags and torch; a file
+`$LONGHAUL_KERNEL_CACHE/<torch version>-<hash>/` (default `~/.cache/longhaul/kernels`,
+shared by every `LONGHAUL_HOME`: a build depends only on the sources, the flags and the torch
+install it compiles against, which the hash covers, so two virtual environments on one machine
+never rebuild each other's directory or wait on each other's lock; a file
 lock there keeps concurrent processes, e.g. Ray actors, from building twice; each load marks its
 directory used and removes all but the `KEEP_BUILDS` most recently used others, so source edits do
 not pile up builds), and saying why a kernel is unavailable.
@@ -54,7 +56,9 @@ def _missing_requirement() -> str | None:
 def build_dir(sources: list[Path]) -> Path:
     root = Path(os.environ.get("LONGHAUL_KERNEL_CACHE") or Path.home() / ".cache" / "longhaul" / "kernels")
     files = sorted({*sources, *CSRC.glob("*.h")})
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files) + " ".join(FLAGS).encode()).hexdigest()[:12]
+    # torch's location: its include paths are written into the build, so another venv's torch is another build
+    where = str(Path(torch.__file__).resolve().parent)
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files) + " ".join(FLAGS).encode() + where.encode()).hexdigest()[:12]
     return root / f"torch{torch.__version__.split('+')[0]}-{digest}"
 
 
