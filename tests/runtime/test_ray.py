@@ -19,6 +19,7 @@ ray = pytest.importorskip("ray")
 from longhaul.config import load_config  # noqa: E402
 from longhaul.runtime import ray_backend  # noqa: E402
 from longhaul.runtime.sync import run_training  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_grpo.yaml"
 
@@ -55,10 +56,8 @@ def ray_cluster(ray_head):
             ray.shutdown()
         ray.init(address="auto", include_dashboard=False, log_to_driver=False)
         try:
-            deadline = time.monotonic() + 60
-            while ray.available_resources().get("CPU", 0) < ray.cluster_resources()["CPU"]:
-                assert time.monotonic() < deadline, f"actors outlived their test: {ray.available_resources()} free"
-                time.sleep(0.1)
+            wait_until(lambda: ray.available_resources().get("CPU", 0) >= ray.cluster_resources()["CPU"], interval=0.1,
+                       what="the test's actors to leave the cluster")
         finally:
             ray.shutdown()
 
@@ -85,22 +84,32 @@ def rollout_pools(monkeypatch):
     return pools
 
 
-def _kill_when(find_pid, killed: dict) -> None:
-    """In a thread: SIGKILL the process `find_pid()` names as soon as it names one (within 240 s)."""
+def _watch(act, interval: float = 0.01) -> threading.Event:
+    """In a thread: call `act()` every `interval` s until it returns true or the returned event is set
+    (the test sets it once its run has ended). No deadline: on a slow machine the run is only longer."""
+    over = threading.Event()
+
     def loop():
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            try:
-                pid = find_pid()
-            except Exception:  # the run changed what this read meanwhile (a request ended, an actor died): look again
-                pid = None
-            if pid is not None:
-                os.kill(pid, signal.SIGKILL)
-                killed["pid"] = pid
-                return
-            time.sleep(0.01)
+        while not over.is_set() and not act():
+            over.wait(interval)
 
     threading.Thread(target=loop, daemon=True).start()
+    return over
+
+
+def _kill_when(find_pid, killed: dict) -> threading.Event:
+    """In a thread: SIGKILL the process `find_pid()` names as soon as it names one (until the event is set)."""
+    def act() -> bool:
+        try:
+            pid = find_pid()
+        except Exception:  # the run changed what this read meanwhile (a request ended, an actor died): look again
+            pid = None
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            killed["pid"] = pid
+        return pid is not None
+
+    return _watch(act)
 
 
 def _six_async_steps_on_ray(tmp_path, *extra) -> tuple:
@@ -133,8 +142,11 @@ def test_tiny_grpo_on_a_ray_cluster_survives_a_killed_rollout_actor(tmp_path, ra
         return None
 
     killed = {}
-    _kill_when(busy_actor, killed)
-    _, rows = _six_async_steps_on_ray(tmp_path)
+    over = _kill_when(busy_actor, killed)
+    try:
+        _, rows = _six_async_steps_on_ray(tmp_path)
+    finally:
+        over.set()
     assert killed, "the test never caught a request in flight"
     assert rows[-1]["rollout/worker_restarts"] >= 1 and rows[-1]["rollout/requeued_requests"] >= 1
 
@@ -147,8 +159,11 @@ def test_scoring_in_a_sandbox_pool_actor_survives_the_pool_being_killed(tmp_path
         return None
 
     killed = {}
-    _kill_when(scoring_pool, killed)
-    _, rows = _six_async_steps_on_ray(tmp_path, "runtime.sandbox_pools=1", "runtime.sandbox_cpus=0.5")
+    over = _kill_when(scoring_pool, killed)
+    try:
+        _, rows = _six_async_steps_on_ray(tmp_path, "runtime.sandbox_pools=1", "runtime.sandbox_cpus=0.5")
+    finally:
+        over.set()
     assert killed, "the test never caught the pool with requests in flight"
     assert rows[-1]["sandbox/pools_answering"] == 1 and rows[-1]["sandbox/scored"] > 0, "the restarted pool scores"
     assert rows[-1]["rollout/worker_restarts"] == 0, "a dead sandbox pool does not cost the rollout actor"
@@ -168,21 +183,22 @@ def test_a_killed_trainer_actor_is_replaced_and_the_run_resumes_from_its_checkpo
     run = tmp_path / "tiny_grpo"
     actors, killed = [], {}
 
-    def killer():
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if actors and list_checkpoints(run / "checkpoints"):  # step 2 is saved: kill the trainer mid-run
-                pid = ray.get(actors[0].pid.remote())
-                os.kill(pid, signal.SIGKILL)
-                killed["pid"] = pid
-                return
-            time.sleep(0.02)
+    def killer() -> bool:
+        if actors and list_checkpoints(run / "checkpoints"):  # step 2 is saved: kill the trainer mid-run
+            pid = ray.get(actors[0].pid.remote())
+            os.kill(pid, signal.SIGKILL)
+            killed["pid"] = pid
+            return True
+        return False
 
-    threading.Thread(target=killer, daemon=True).start()
+    over = _watch(killer, 0.02)
     cfg = load_config(EXAMPLE, [f"output_dir={tmp_path}", "log.progress=false", "log.tensorboard=false", "eval.before_after=false",
                                 "train.steps=6", "train.save_every=2", "runtime.mode=async", "runtime.backend=ray",
                                 "runtime.address=auto", "runtime.trainer_actor=true", "runtime.worker_threads=1"])
-    result = ray_backend.train_in_actor(cfg, on_start=actors.append)
+    try:
+        result = ray_backend.train_in_actor(cfg, on_start=actors.append)
+    finally:
+        over.set()
     assert killed, "the trainer was never killed"
     assert result["trainer_restarts"] == 1 and len(actors) == 2
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -215,18 +231,19 @@ def test_a_stop_notice_to_the_driver_reaches_the_trainer_actor(tmp_path, ray_clu
 
     run = tmp_path / "tiny_grpo"
 
-    def signal_after_first_step():
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip():
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            time.sleep(0.05)
+    def signal_after_first_step() -> bool:
+        if (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip():
+            os.kill(os.getpid(), signal.SIGTERM)
+            return True
+        return False
 
-    threading.Thread(target=signal_after_first_step, daemon=True).start()
+    over = _watch(signal_after_first_step, 0.05)
     cfg = _long_run_in_a_trainer_actor(tmp_path, "train.save_every=0")
-    with pytest.raises(StopRequested, match=r"^SIGTERM received: stopped after step \d+ of 200") as stop:
-        ray_backend.train_in_actor(cfg)
+    try:
+        with pytest.raises(StopRequested, match=r"^SIGTERM received: stopped after step \d+ of 200") as stop:
+            ray_backend.train_in_actor(cfg)
+    finally:
+        over.set()
     assert stop.value.exit_code == 143
     step = int(str(stop.value).split("after step ")[1].split()[0])
     assert [p.name for p in (run / "checkpoints").iterdir()] == [f"step_{step}"]
@@ -240,24 +257,25 @@ def test_a_trainer_actor_that_dies_while_stopping_is_not_replaced(tmp_path, ray_
 
     run, actors, done = tmp_path / "tiny_grpo", [], {}
 
-    def stop_then_kill():
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            if actors and (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip():
-                pid = ray.get(actors[0].pid.remote())
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(0.05)
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:  # it had already saved and stopped
-                    pass
-                done["at"] = time.monotonic()
-                return
-            time.sleep(0.05)
+    def stop_then_kill() -> bool:
+        if actors and (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip():
+            pid = ray.get(actors[0].pid.remote())
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # not a wait for anything: the kill comes just after the stop, or once the run has saved
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # it had already saved and stopped
+                pass
+            done["at"] = time.monotonic()
+            return True
+        return False
 
-    threading.Thread(target=stop_then_kill, daemon=True).start()
+    over = _watch(stop_then_kill, 0.05)
     cfg = _long_run_in_a_trainer_actor(tmp_path, "train.save_every=1")
-    with pytest.raises(StopRequested, match=r"^SIGTERM received: "):
-        ray_backend.train_in_actor(cfg, on_start=actors.append)
+    try:
+        with pytest.raises(StopRequested, match=r"^SIGTERM received: "):
+            ray_backend.train_in_actor(cfg, on_start=actors.append)
+    finally:
+        over.set()
     assert done, "the stop was never sent"
     assert len(actors) == 1, "a stopped run must not start another trainer actor"
