@@ -39,7 +39,9 @@ def obs(env, text):
 def test_reset_gives_system_with_tools_and_the_instruction(env):
     messages, info = env.reset(task())
     assert [m["role"] for m in messages] == ["system", "user"]
-    assert '"name": "apply_patch"' in messages[0]["content"] and messages[1]["content"] == "Fix add in m.py."
+    system = messages[0]["content"]
+    assert "- apply_patch(patch): " in system and "- read_file(path, start_line?, end_line?): " in system
+    assert "<tool_call>" in system and messages[1]["content"] == "Fix add in m.py."
     assert info["task_id"] == "t/v1/0"
 
 

@@ -15,7 +15,6 @@ as `infra_error`, which trainers mask out instead of scoring as a failure.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass, field, replace
@@ -23,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from longhaul.envs import patch as patchlib
 from longhaul.envs import toolchain
 from longhaul.envs.base import StepResult
-from longhaul.envs.tools import ToolCall, check_arguments, format_call, parse_message, schemas
+from longhaul.envs.tools import ToolCall, check_arguments, describe, format_call, parse_message, schemas
 from longhaul.sandbox import Sandbox, SandboxSpec
 from longhaul.sandbox.bwrap import expose
 from longhaul.sandbox.sandbox import SandboxError
@@ -43,7 +42,7 @@ To use a tool, reply with exactly one call in this form and nothing after it:
 <tool_call>
 {{"name": "TOOL", "arguments": {{...}}}}
 </tool_call>
-The tools (OpenAI function schemas):
+The tools (arguments marked ? are optional; paths are relative to /work):
 {tools}"""
 
 
@@ -148,7 +147,7 @@ class WorkspaceEnv:
     @staticmethod
     def initial_messages(task: WorkspaceTask) -> list[dict]:
         """The system prompt (tools and call format) and the task's instruction."""
-        system = SYSTEM_PROMPT.format(tools="\n".join(json.dumps(s) for s in schemas()))
+        system = SYSTEM_PROMPT.format(tools=describe(schemas()))
         return [{"role": "system", "content": system}, {"role": "user", "content": task.instruction}]
 
     def step(self, message: dict | str) -> StepResult:

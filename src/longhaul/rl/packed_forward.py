@@ -1,8 +1,9 @@
 """The packed training forward of a Llama / Qwen2 causal LM: no padding in the linear layers.
 
 Owns `PackedBatch` (the layout: every sequence's tokens laid end to end in one flat batch of N
-rows, and how attention sees them), its two builders (`pack_pairs`: prompt+completion pairs;
-`pack_shared`: one prompt and N completions, the prompt computed once), `hidden_states` (the
+rows, and how attention sees them), its builders (`pack_pairs`: prompt+completion pairs;
+`pack_shared`: one prompt and N completions, the prompt computed once; `pack_targets`: rows
+with a loss mask, as multi-turn SFT trains them), `hidden_states` (the
 decoder over the flat rows, differentiable in the HF model's own parameters, so the optimizer,
 LoRA adapters and checkpoints are untouched) and `supports` (which models it runs). Does not
 own the LM head / log-softmax (`fused_head`) or which sequences form a batch (the trainers).
@@ -141,6 +142,24 @@ def pack_shared(prompt: list[int], completions: list[list[int]], pad_id: int) ->
         # token 0 is predicted by the prompt's last row, token j by the completion's row j - 1
         picks.append(([P - 1] + list(range(off, off + len(c) - 1))) if c else [])
     return _batch(ids, pos, rows, completions, picks, pad_id)
+
+
+def pack_targets(seqs: list[tuple[list[int], list[int]]], pad_id: int) -> PackedBatch:
+    """Token rows with a loss mask (1 where the token is a target: a multi-turn SFT row's
+    assistant tokens), each its own causal sequence, laid end to end. The completion grid holds
+    each row's target tokens in order; token j of a row is predicted by its flat row j - 1, so
+    the LM head runs on the target positions only. A row's last token predicts nothing and gets
+    no flat row; a row's first token is never a target."""
+    ids, pos, rows, picks, targets = [], [], [], [], []
+    for x, m in seqs:
+        off, seq = len(ids), x[:-1]
+        ids += seq
+        pos += range(len(seq))
+        rows.append((list(range(off, off + len(seq))), len(seq)))
+        at = [j for j in range(1, len(x)) if m[j]]
+        picks.append([off + j - 1 for j in at])
+        targets.append([x[j] for j in at])
+    return _batch(ids, pos, rows, targets, picks, pad_id)
 
 
 def _attention(q, k, v, b: PackedBatch, hkv: int, mask: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,14 @@
 
 The loss is the sum of token losses over the whole batch divided by the batch's count of
 loss tokens, so micro-batch accumulation gives exactly the full-batch gradient. With packing,
-rows are laid end to end into sequences of at most `max_length` tokens; each row keeps its own
-positions (from 0) and a block-diagonal causal mask keeps attention inside the row, so a packed
-batch computes exactly what the padded one does, with no compute spent on padding.
+rows are grouped first-fit into bins of at most `max_length` tokens and a micro-batch is
+`micro_batch` bins. For Llama / Qwen2 models the bins' rows run through `packed_forward`: all
+rows end to end with no padding in the linears, attention per row, and the LM head and
+log-softmax on the target (assistant) positions only, which is most of the saving on
+multi-turn rows where tool outputs and prompts are most of the tokens. Other models get HF's
+forward over each bin as one sequence, with per-row positions and a block-diagonal causal
+mask (its attention holds (bins, heads, L, L) per layer, so keep `max_length` moderate). Either
+way a packed batch computes what the padded one does, to rounding.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import math
 
 import torch
 
+from longhaul.rl import logprobs, packed_forward
 from longhaul.rl.logprobs import autocast_ctx, right_pad
 from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
 
@@ -88,8 +94,14 @@ class SFTTrainer(OptimizerState):
         mb = self.train_cfg.micro_batch
         if self.packing:
             bins = pack_rows(rows, self.max_length)
+            flat = packed_forward.supports(self.model)
             for i in range(0, len(bins), mb):
-                yield packed_logprobs(self.model, bins[i:i + mb], self.pad_id, self.train_cfg.autocast)
+                if flat:
+                    batch = packed_forward.pack_targets([r for b in bins[i:i + mb] for r in b], self.pad_id)
+                    logp, mask, _ = logprobs.packed_logprobs(self.model, batch, autocast=self.train_cfg.autocast)
+                    yield logp, mask
+                else:
+                    yield packed_logprobs(self.model, bins[i:i + mb], self.pad_id, self.train_cfg.autocast)
         else:
             for i in range(0, len(rows), mb):
                 yield masked_logprobs(self.model, rows[i:i + mb], self.pad_id, self.train_cfg.autocast)
