@@ -28,6 +28,22 @@ def test_session_keeps_cwd_and_env_and_survives_interrupt():
         s.close()
 
 
+def test_session_reports_a_broken_command_at_once_and_keeps_its_state():
+    """An unterminated quote or block is a syntax error from the shell (status 2), not a shell
+    waiting for the rest of its input until the timeout; quotes, heredocs and several lines run."""
+    with Sandbox(SandboxSpec(wall_s=60)) as sb:
+        s = sb.open_session()
+        assert s.run("cd /tmp && export FOO=\"it's\"").exit_code == 0
+        for broken in ("echo \"unterminated", "grep 'x", "if true; then echo a", "echo $(date"):
+            r = s.run(broken, timeout=30)
+            assert r.limit_hit is None and r.exit_code == 2, (broken, r)
+            assert "unexpected" in r.stderr or "syntax" in r.stderr, r.stderr
+        r = s.run("cat <<'EOF' > f.txt\nline 'one'\n$FOO\nEOF\necho \"$(wc -l < f.txt) $FOO\"\npwd", timeout=30)
+        assert r.exit_code == 0 and r.stdout == "2 it's\n/tmp\n", r
+        assert s.run("cat f.txt").stdout == "line 'one'\n$FOO\n"
+        s.close()
+
+
 def test_pool_bounds_resets_and_reports():
     async def main():
         pool = SandboxPool(2, SandboxSpec(wall_s=5))

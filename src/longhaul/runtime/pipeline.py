@@ -204,6 +204,11 @@ class Pipeline:
         self.dir.mkdir(parents=True, exist_ok=True)
         _write_json(self.dir / "pipeline_config.json", c.model_dump(mode="json"))
         t0 = time.perf_counter()
+        if "rl" in c.stages and c.rl.get("task", {}).get("require_envcheck", True):
+            from longhaul.eval.envcheck import require_checked
+
+            for fam in self.families.values():  # before any stage runs, not after the SFT
+                require_checked(fam)
         base = c.model.name
         last = c.stages[-1] if c.stages else "base"
         evals = {"base": self.evaluate("base", base, c.eval.humaneval)}

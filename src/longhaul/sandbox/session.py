@@ -98,7 +98,11 @@ class Session:
             raise RuntimeError("session is closed")
         timeout = timeout or self.sandbox.spec.wall_s
         m = self._marker
-        script = f"{{\n{command}\n}} < /dev/null\n__lh_rc=$?; printf '\\n{m}:%d\\n' $__lh_rc; printf '\\n{m}\\n' >&2\n"
+        # The command reaches the shell as one quoted word for `eval`: its text is parsed apart
+        # from the marker lines, so an unterminated quote or block is a syntax error (status 2,
+        # at once) instead of swallowing the marker and leaving the shell waiting for more input.
+        quoted = "'" + command.replace("'", "'\\''") + "'"
+        script = f"eval {quoted} < /dev/null\n__lh_rc=$?; printf '\\n{m}:%d\\n' $__lh_rc; printf '\\n{m}\\n' >&2\n"
         start = time.monotonic()
         with self._cond:
             self._bufs["out"].clear()
