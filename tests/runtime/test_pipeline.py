@@ -43,3 +43,6 @@ def test_bad_pipeline_configs_get_one_line_errors(tmp_path):
         _cfg(tmp_path, "demos.taks=3")
     with pytest.raises(LonghaulError, match="pipeline sft: unknown config key 'train.stepz'"):
         Pipeline(_cfg(tmp_path, "sft={train: {stepz: 1}}")).sft("tiny-llama", tmp_path / "x.jsonl")
+    with pytest.raises(LonghaulError, match="has not been validated .* run `longhaul envcheck terminal`"):
+        run_pipeline(_cfg(tmp_path, "name=unchecked", "rl={task: {require_envcheck: true}}"))
+    assert not (tmp_path / "unchecked" / "demos.jsonl").exists(), "refused before the first stage, not after the SFT"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import multiprocessing
 import os
 import time
 from collections import Counter
@@ -31,6 +32,7 @@ from longhaul.config import PipelineConfig, RunConfig, _explain
 from longhaul.envs import get_family
 from longhaul.errors import LonghaulError
 from longhaul.hardware import native_bf16
+from longhaul.malloc import keep_freed_memory
 from longhaul.eval.passrate import EvalResult, evaluate
 from longhaul.eval.stats import mcnemar_exact, wilson
 from longhaul.runtime.progress import console, progress_bar
@@ -50,10 +52,42 @@ def _run_config(tree: dict, stage: str) -> RunConfig:
         raise LonghaulError(f"pipeline {stage}: {_explain(e, RunConfig)}") from e
 
 
+def _long_rows_autocast() -> str:
+    """The stages' autocast: multi-turn rows of ~1,000 tokens make training compute-bound, and
+    wherever bf16 arithmetic is native, bf16 runs it ~2x faster than fp32 (unlike decode and
+    single-turn GRPO's short rows, where `auto` may keep fp32; see `longhaul.hardware`)."""
+    return "bfloat16" if native_bf16() else "none"
+
+
 def _write_json(path: Path, data) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=1) + "\n")
     os.replace(tmp, path)
+
+
+def _isolated(fn, *args):
+    """fn(*args) in a fresh child process (spawn); its result, or its exception raised here. A
+    stage's memory peak (SFT activations, an engine's KV pool) then ends with its process
+    instead of staying in this one's heap, which longhaul keeps for reuse (`longhaul.malloc`):
+    the pipeline's peak is its largest stage's, not the sum of all of them."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1, initializer=keep_freed_memory) as pool:
+        return pool.apply(fn, args)
+
+
+def _train_stage(run_cfg: RunConfig, out: Path) -> float:
+    from longhaul.rl.checkpoint import export_checkpoint
+    from longhaul.runtime import train
+
+    t0 = time.perf_counter()
+    train(run_cfg)
+    seconds = time.perf_counter() - t0
+    export_checkpoint(run_cfg.run_dir, None, out)
+    return seconds
+
+
+def _eval_stage(cfg: PipelineConfig, stage: str, model: str, humaneval: bool) -> float:
+    return Pipeline(cfg)._evaluate_here(stage, model, humaneval)
 
 
 class Pipeline:
@@ -111,14 +145,11 @@ class Pipeline:
         if (out / "config.json").exists():
             return str(out)
         context = self.cfg.model.context_length or 4096
-        # Multi-turn rows of ~1,000 tokens make SFT compute-bound: wherever bf16 arithmetic is
-        # native, autocast runs it ~2x faster than fp32 (unlike decode and GRPO's short rows,
-        # where `auto` may keep fp32; see `longhaul.hardware`). One packed bin a micro-batch.
         tree = _merge(self._base_tree("sft"), {
             "model": {"name": start}, "algo": {"name": "sft"},
             "data": {"path": str(demos), "packing": True, "max_length": context, "batch_size": 8, "heldout_fraction": 0.1},
             "train": {"steps": 30, "lr": 1e-4, "micro_batch": 1, "warmup_steps": 3, "save_every": 0,
-                      "autocast": "bfloat16" if native_bf16() else "none"}})
+                      "autocast": _long_rows_autocast()}})
         return self._train(_run_config(_merge(tree, self.cfg.sft), "sft"), out)
 
     def rl(self, start: str) -> str:
@@ -130,7 +161,8 @@ class Pipeline:
             "model": {"name": start},
             "rollout": {"prompts_per_step": 4, "group_size": 8, "max_new_tokens": c.eval.max_new_tokens, "max_turns": c.eval.max_turns,
                         "temperature": 1.0, "context": "elide"},
-            "algo": {"name": "grpo", "kl_coef": 0.0}, "train": {"steps": 10, "lr": 1e-5, "micro_batch": 4, "save_every": 0},
+            "algo": {"name": "grpo", "kl_coef": 0.0},
+            "train": {"steps": 10, "lr": 1e-5, "micro_batch": 4, "save_every": 0, "autocast": _long_rows_autocast()},
             "eval": {"before_after": False}})
         if len(self.families) == 1:
             (name,) = self.families
@@ -140,13 +172,7 @@ class Pipeline:
         return self._train(_run_config(_merge(tree, c.rl), "rl"), out)
 
     def _train(self, run_cfg: RunConfig, out: Path) -> str:
-        from longhaul.rl.checkpoint import export_checkpoint
-        from longhaul.runtime import train
-
-        t0 = time.perf_counter()
-        train(run_cfg)
-        self.timing[run_cfg.name] = time.perf_counter() - t0
-        export_checkpoint(run_cfg.run_dir, None, out)
+        self.timing[run_cfg.name] = _isolated(_train_stage, run_cfg, out)
         return str(out)
 
     # ---- evaluation ---------------------------------------------------------------------
@@ -162,8 +188,12 @@ class Pipeline:
     def evaluate(self, stage: str, model: str, humaneval: bool = False) -> dict:
         """The policy at `model` on every set (and HumanEval when asked), cached in eval_<stage>.json."""
         path = self.dir / f"eval_{stage}.json"
-        if path.exists():
-            return {k: EvalResult(**v) for k, v in json.loads(path.read_text()).items()}
+        if not path.exists():
+            self.timing[f"eval_{stage}"] = _isolated(_eval_stage, self.cfg, stage, model, humaneval)
+        return {k: EvalResult(**v) for k, v in json.loads(path.read_text()).items()}
+
+    def _evaluate_here(self, stage: str, model: str, humaneval: bool) -> float:
+        """`evaluate`'s work, in this process: writes eval_<stage>.json and the transcripts; the seconds it took."""
         from longhaul.models import load_policy
         from longhaul.runtime.rollout import make_sampler
 
@@ -190,13 +220,13 @@ class Pipeline:
                 he = get_family("humaneval")
                 tasks = he.make_split("heldout", 164, 1, None)
                 results["humaneval"] = evaluate(sampler, tok, he, tasks, stage, 384, batch_size=32)
-        self.timing[f"eval_{stage}"] = time.perf_counter() - t0
         tmp = self.dir / f".episodes_{stage}.jsonl.tmp"
         tmp.write_text("".join(json.dumps(e) + "\n" for e in episodes))
         os.replace(tmp, self.dir / f"episodes_{stage}.jsonl")
-        _write_json(path, {k: {f: getattr(r, f) for f in ("label", "task_ids", "passed", "statuses", "counts", "samples", "agent")}
-                           for k, r in results.items()})
-        return results
+        _write_json(self.dir / f"eval_{stage}.json",
+                    {k: {f: getattr(r, f) for f in ("label", "task_ids", "passed", "statuses", "counts", "samples", "agent")}
+                     for k, r in results.items()})
+        return time.perf_counter() - t0
 
     # ---- the whole -----------------------------------------------------------------------
     def run(self) -> dict:
