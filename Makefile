@@ -43,9 +43,11 @@ bwrap:
 model: setup
 	$(BIN)/longhaul model prepare smollm2-135m-instruct
 
+# the main job: the agent pipeline (demonstrations, SFT, multi-turn RL, three-way evaluation);
+# RL refuses families without a current envcheck manifest, so validate them first
 demo: model
-	$(BIN)/longhaul envcheck funcgen --n 200
-	$(BIN)/longhaul train examples/quickstart.yaml
+	$(BIN)/longhaul envcheck multistep terminal --n 40
+	$(BIN)/longhaul pipeline examples/agent.yaml
 
 test: setup
 	$(BIN)/ruff check --select F,E9 --quiet src tests benchmarks

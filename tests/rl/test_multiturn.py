@@ -106,7 +106,7 @@ def test_training_runs_on_a_multi_turn_family_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run_envcheck(["wordtasks:CountLines"], n=2)
     cfg = RunConfig.model_validate({
-        "name": "mt", "model": {"name": "tiny-llama", "context_length": 6000},  # byte tokens: the tool prompt is ~2,500
+        "name": "mt", "model": {"name": "tiny-llama", "context_length": 4096},  # byte tokens: the tool prompt is ~1,100
         "task": {"family": "wordtasks:CountLines"},
         "rollout": {"prompts_per_step": 1, "group_size": 2, "max_new_tokens": 8, "max_turns": 2, "dtype": "float32"},
         "train": {"steps": 1, "autocast": "none"}, "eval": {"n_tasks": 1, "max_new_tokens": 8, "max_turns": 2},
@@ -116,5 +116,5 @@ def test_training_runs_on_a_multi_turn_family_end_to_end(tmp_path, monkeypatch):
     assert rows[0]["step"] == 1 and rows[0]["timing/gen"] > 0 and rows[0]["timing/score"] > 0
     assert rows[0]["completions/mean_length"] > 0
     assert (Path(res["run_dir"]) / "report.html").exists() and res["comparison"]["base"]["n"] == 1
-    with pytest.raises(Exception, match="over the model context"):  # the tool prompt alone does not fit 2,048
-        run_training(cfg.model_copy(update={"name": "mt2", "model": cfg.model.model_copy(update={"context_length": 2048})}))
+    with pytest.raises(Exception, match="over the model context"):  # the tool prompt alone does not fit 1,024
+        run_training(cfg.model_copy(update={"name": "mt2", "model": cfg.model.model_copy(update={"context_length": 1024})}))

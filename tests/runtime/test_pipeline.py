@@ -46,3 +46,19 @@ def test_bad_pipeline_configs_get_one_line_errors(tmp_path):
     with pytest.raises(LonghaulError, match="has not been validated .* run `longhaul envcheck terminal`"):
         run_pipeline(_cfg(tmp_path, "name=unchecked", "rl={task: {require_envcheck: true}}"))
     assert not (tmp_path / "unchecked" / "demos.jsonl").exists(), "refused before the first stage, not after the SFT"
+
+
+def test_a_plugin_workspace_family_goes_through_the_pipeline(tmp_path, monkeypatch):
+    """A user's multi-turn family (`package.module:Name`, the same tools) gets demonstrations from
+    its oracle, SFT and the evaluation like the built-ins; its stages' child processes import it too."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples" / "plugins"))
+    cfg = _cfg(tmp_path, "name=plugin", "families=[wordtasks:CountLines]", "heldout_subfamilies=[]", "stages=[sft]",
+               "demos.tasks=3", "eval.tasks=2")
+    summary = run_pipeline(cfg)
+    run = tmp_path / "plugin"
+    rows = [json.loads(x) for x in (run / "demos.jsonl").read_text().splitlines()]
+    assert rows and {r["family"] for r in rows} == {"countlines"} and all(r["messages"][-1]["role"] != "system" for r in rows)
+    assert list(summary["stages"]) == ["base", "sft"] and summary["stages"]["sft"]["n"] == 2
+    assert json.loads((run / "eval_sft.json").read_text())["wordtasks:CountLines"]["task_ids"][0].startswith("countlines/")
