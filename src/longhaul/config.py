@@ -55,10 +55,12 @@ class RolloutConfig(Section):
     # a multi-turn episode ends (truncated, "idle") after this many replies in a row without a valid tool call: a
     # stuck agent spends the rest of its turns' tokens for nothing; None: only max_turns ends it
     max_idle_turns: int | None = Field(3, ge=1)
+    require_submit: bool = True  # multi-turn: an episode that never calls submit scores 0 ("unsubmitted")
 
     def agent_options(self) -> dict:
         """The AgentConfig fields this section sets for multi-turn episodes."""
-        return {"context": self.context, "keep_outputs": self.keep_outputs, "max_idle_turns": self.max_idle_turns}
+        return {"context": self.context, "keep_outputs": self.keep_outputs, "max_idle_turns": self.max_idle_turns,
+                "require_submit": self.require_submit}
 
     @field_validator("dtype")
     @classmethod

@@ -1,5 +1,7 @@
 """The agent loop with real policies (scripted oracle, a tiny random model) and the real sandbox."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -88,10 +90,27 @@ def test_turn_and_context_budgets_truncate(tok):
     talk = ScriptedPolicy(tok, {"k": ["I am thinking.", "Still thinking.", format_call("list_dir"), "Hmm.", "Hm.", "H."]})
     t = run_episodes(talk, tok, lambda t: WorkspaceEnv(), [task()], AgentConfig(max_turns=10, max_idle_turns=3), keys=["k"])[0]
     assert (t.info["truncated_by"], t.info["turns"]) == ("idle", 6)  # a valid call in between resets the count
-    # the first prompt alone is ~2,500 byte tokens: a 3,000-token context overflows after a turn or two
+    # the first prompt alone is ~1,100 byte tokens: a 3,000-token context overflows after a dozen turns
     listing = ScriptedPolicy(tok, {"k": [format_call("read_file", path="m.py")]})
     t = run_episodes(listing, tok, lambda t: WorkspaceEnv(), [task()], AgentConfig(max_turns=50, max_tokens=3000), keys=["k"])[0]
     assert t.info["ended"] == "truncated" and t.info["truncated_by"] == "context" and t.reward == 0.0
+
+
+def test_an_episode_that_never_submits_scores_nothing_when_submit_is_required(tok):
+    """Fixed but never submitted: with require_submit (what RL and the pipeline's evaluation use)
+    it scores 0 as "unsubmitted", its final state recorded apart; without, the state decides."""
+    fix_only = [format_call("read_file", path="m.py"), format_call("apply_patch", patch=FIX), format_call("list_dir")]
+    cfg = AgentConfig(max_turns=4, max_tokens=100_000)
+    for required in (True, False):
+        pol = ScriptedPolicy(tok, {"fix": fix_only, "done": ORACLE})
+        fixed, done = run_episodes(pol, tok, lambda t: WorkspaceEnv(), [task(0), task(1)],
+                                   dataclasses.replace(cfg, require_submit=required), keys=["fix", "done"])
+        assert (done.reward, done.info["status"], done.info["submitted"]) == (1.0, "pass", True)
+        assert fixed.info["ended"] == "truncated" and not fixed.info["submitted"]
+        if required:
+            assert (fixed.reward, fixed.info["status"], fixed.info["passed"], fixed.info["state_passed"]) == (0.0, "unsubmitted", False, True)
+        else:
+            assert (fixed.reward, fixed.info["status"]) == (1.0, "pass") and "state_passed" not in fixed.info
 
 
 def test_infra_errors_are_reported_not_scored(tok):

@@ -89,6 +89,10 @@ class AgentConfig:
     keep_outputs: int = 2  # with "elide": the most recent tool outputs kept whole
     keep_messages: bool = False  # put the episode's chat messages in Trajectory.info["messages"] (reports, demonstrations)
     max_idle_turns: int | None = None  # end (truncated, "idle") after this many replies in a row with no valid tool call
+    # an episode that never calls submit scores 0 with status "unsubmitted", whatever its final
+    # state (kept in info["state_passed"]): otherwise RL learns to act until the turn limit,
+    # since reaching it costs nothing and every extra action is another chance to pass
+    require_submit: bool = False
 
 
 @dataclass
@@ -165,7 +169,7 @@ def _elide(tok, ep: _Episode, cfg: AgentConfig) -> None:
     ep.segment += 1
 
 
-def _finish(ep: _Episode, keep_messages: bool = False) -> Trajectory:
+def _finish(ep: _Episode, keep_messages: bool = False, require_submit: bool = False) -> Trajectory:
     info = {**ep.info, "ended": ep.ended, "turns": len(ep.turns), "tool_calls": ep.tool_calls,
             "segments": ep.segment + 1 if ep.turns else 0, "submitted": ep.ended == "done", **ep.counts}
     if keep_messages:
@@ -178,6 +182,9 @@ def _finish(ep: _Episode, keep_messages: bool = False) -> Trajectory:
         except Exception as e:  # the verifier's own failure is ours, not the model's
             score = Score(0.0, False, "infra_error")
             info["ended"], info["infra_error"] = "infra_error", f"verify: {type(e).__name__}: {e}"
+    if require_submit and ep.ended not in ("done", "infra_error") and info["ended"] != "infra_error":
+        info["state_passed"] = score.passed
+        score = Score(0.0, False, "unsubmitted")
     info.update(status=score.status, passed=score.passed, reward=score.reward, wall_s=time.perf_counter() - ep.t0)
     return Trajectory(ep.turns, score.reward, 0, info)
 
@@ -212,7 +219,7 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
         live = [i for i, ep in enumerate(episodes) if ep.ended is None]
         for i, ep in enumerate(episodes):
             if ep.ended is not None:
-                results[i] = _close(ep, on_done, cfg.keep_messages)
+                results[i] = _close(ep, on_done, cfg.keep_messages, cfg.require_submit)
         while live:
             by_budget: dict[int, list[int]] = {}
             for i in live:
@@ -272,7 +279,7 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
 
             list(pool.map(step, list(gens)))
             done = [i for i in live if episodes[i].ended is not None]
-            for i, traj in zip(done, pool.map(lambda i: _close(episodes[i], on_done, cfg.keep_messages), done)):
+            for i, traj in zip(done, pool.map(lambda i: _close(episodes[i], on_done, cfg.keep_messages, cfg.require_submit), done)):
                 results[i] = traj
             live = [i for i in live if episodes[i].ended is None]
     out = [results[i] for i in range(len(episodes))]
@@ -281,9 +288,9 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
     return out
 
 
-def _close(ep: _Episode, on_done, keep_messages: bool = False) -> Trajectory:
+def _close(ep: _Episode, on_done, keep_messages: bool = False, require_submit: bool = False) -> Trajectory:
     try:
-        traj = _finish(ep, keep_messages)
+        traj = _finish(ep, keep_messages, require_submit)
     finally:
         try:
             ep.env.close()
