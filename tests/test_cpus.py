@@ -38,3 +38,29 @@ def test_available_cpus_rounds_the_quota_up_and_never_exceeds_the_affinity_mask(
     assert available_cpus("0::/a\n", tmp_path) == 1  # a fifth of a CPU still runs one thread
     _write(tmp_path / "a/cpu.max", f"{(mask + 8) * 100000} 100000\n")
     assert available_cpus("0::/a\n", tmp_path) == mask
+
+
+_NICED_CHILD = """
+import os, sys, threading
+from longhaul.cpus import match_priority
+os.nice(10)  # as Ray starts its workers, with a thread already running
+hold = threading.Event()
+t = threading.Thread(target=hold.wait)
+t.start()
+match_priority(int(sys.argv[1]))
+print(sorted({os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")}))
+hold.set()
+"""
+
+
+def test_match_priority_sets_every_thread_or_says_why_not():
+    import subprocess
+    import sys
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    r = subprocess.run([sys.executable, "-c", _NICED_CHILD, str(base + 3)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    if os.geteuid() == 0:  # root may raise priority: every thread, the one started before too
+        assert r.stdout.strip() == f"[{base + 3}]"
+    else:
+        assert "may not raise its priority" in r.stdout and "RAY_worker_niceness" in r.stdout

@@ -6,7 +6,8 @@ than that makes them wait at every parallel region for a peer that has no CPU to
 
 Reads cgroup v2 (`cpu.max`) and v1 (`cpu.cfs_quota_us` / `cpu.cfs_period_us`) along the
 process's cgroup path up to the root (a parent's quota binds too), and rounds the tightest
-quota up to whole CPUs. Owns only the count; who uses how many threads is the caller's choice.
+quota up to whole CPUs, and the niceness a worker process runs at (`match_priority`). Owns only
+the count; who uses how many threads is the caller's choice.
 """
 
 from __future__ import annotations
@@ -95,3 +96,32 @@ def apply_default_threads() -> int:
         if torch.get_num_threads() > n:
             torch.set_num_threads(n)
     return torch.get_num_threads()
+
+
+def own_priority() -> int:
+    """This thread's niceness: what the actors this process creates should run at."""
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def match_priority(nice: int) -> None:
+    """Bring every thread of this actor's process to niceness `nice` (its creator's).
+
+    Ray starts its workers at niceness 15 (`RAY_worker_niceness`) so that its own daemons stay
+    responsive; but here the actors are the run's work, and at 15 beside one ordinary busy
+    process an actor gets about 1.5% of a core (CFS weights 36 against 1024): a run starves as
+    soon as anything else computes on the node. Niceness on Linux is per thread, and Ray's threads
+    exist before the actor's `__init__`, so each one is set; threads started later inherit it.
+    Raising priority needs root or CAP_SYS_NICE: without them the actor says so once and keeps
+    Ray's niceness (start the cluster with `RAY_worker_niceness=0 ray start --head` instead)."""
+    if own_priority() <= nice:
+        return
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+            except ProcessLookupError:  # the thread ended meanwhile
+                pass
+    except PermissionError:
+        print(f"longhaul: this Ray actor runs at niceness {own_priority()}, its driver at {nice}, and may not raise "
+              f"its priority (needs root or CAP_SYS_NICE): it will starve beside busy processes; start the cluster "
+              f"with `RAY_worker_niceness={nice} ray start --head`", flush=True)

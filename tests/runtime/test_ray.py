@@ -84,6 +84,15 @@ def rollout_pools(monkeypatch):
     return pools
 
 
+def _niceness(pid: int) -> set[int]:
+    """The niceness of each thread of process `pid`."""
+    return {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")}
+
+
+# Ray starts workers at niceness 15; the actors raise themselves to their driver's (root may)
+CAN_RAISE_PRIORITY = os.geteuid() == 0
+
+
 def _watch(act, interval: float = 0.01) -> threading.Event:
     """In a thread: call `act()` every `interval` s until it returns true or the returned event is set
     (the test sets it once its run has ended). No deadline: on a slow machine the run is only longer."""
@@ -152,10 +161,14 @@ def test_tiny_grpo_on_a_ray_cluster_survives_a_killed_rollout_actor(tmp_path, ra
 
 
 def test_scoring_in_a_sandbox_pool_actor_survives_the_pool_being_killed(tmp_path, ray_cluster, rollout_pools):
+    seen = {}
+
     def scoring_pool():  # once the pool has scored, while requests are in flight: its process
         pools = rollout_pools
         if pools and pools[0]._running and ray.get(pools[0].sandbox_pools[0].stats.remote())["scored"] > 0:
-            return ray.get(pools[0].sandbox_pools[0].pid.remote())
+            pid = ray.get(pools[0].sandbox_pools[0].pid.remote())
+            seen["niceness"] = set().union(_niceness(pid), *(_niceness(p) for p in pools[0].actor_pids().values()))
+            return pid
         return None
 
     killed = {}
@@ -167,6 +180,8 @@ def test_scoring_in_a_sandbox_pool_actor_survives_the_pool_being_killed(tmp_path
     assert killed, "the test never caught the pool with requests in flight"
     assert rows[-1]["sandbox/pools_answering"] == 1 and rows[-1]["sandbox/scored"] > 0, "the restarted pool scores"
     assert rows[-1]["rollout/worker_restarts"] == 0, "a dead sandbox pool does not cost the rollout actor"
+    if CAN_RAISE_PRIORITY:
+        assert seen["niceness"] == {os.getpriority(os.PRIO_PROCESS, 0)}, "pool and rollout actors run at the driver's priority"
 
 
 def test_sandbox_pools_need_async_on_ray(tmp_path):
@@ -186,6 +201,7 @@ def test_a_killed_trainer_actor_is_replaced_and_the_run_resumes_from_its_checkpo
     def killer() -> bool:
         if actors and list_checkpoints(run / "checkpoints"):  # step 2 is saved: kill the trainer mid-run
             pid = ray.get(actors[0].pid.remote())
+            killed["niceness"] = _niceness(pid)
             os.kill(pid, signal.SIGKILL)
             killed["pid"] = pid
             return True
@@ -200,6 +216,8 @@ def test_a_killed_trainer_actor_is_replaced_and_the_run_resumes_from_its_checkpo
     finally:
         over.set()
     assert killed, "the trainer was never killed"
+    if CAN_RAISE_PRIORITY:  # not Ray's 15: beside any busy process that would starve the run
+        assert killed["niceness"] == {os.getpriority(os.PRIO_PROCESS, 0)}
     assert result["trainer_restarts"] == 1 and len(actors) == 2
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 7)), "every step logged once: the rows after the checkpoint were replaced"

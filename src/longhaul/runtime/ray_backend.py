@@ -24,9 +24,11 @@ nodes (placement groups come from `runtime.scheduling`).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
+from longhaul.cpus import match_priority, own_priority
 from longhaul.errors import LonghaulError
 from longhaul.runtime.notice import StopNotice, StopRequested
 from longhaul.runtime.pool import WorkerPool, policy_tensors
@@ -56,7 +58,8 @@ def connect(address: str | None, log_to_driver: bool = False):
 class _TrainerActor:
     """Runs in the trainer actor's process: one whole `longhaul train` run."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, nice: int):
+        match_priority(nice)
         import torch
 
         from longhaul.malloc import keep_freed_memory
@@ -65,8 +68,6 @@ class _TrainerActor:
         torch.set_num_threads(threads)
 
     def pid(self) -> int:
-        import os
-
         return os.getpid()
 
     def run(self, cfg_json: str, resume: bool) -> dict:
@@ -100,7 +101,7 @@ def _attempts(ray, cls, threads: int, inner: str, resume: bool, notice, rt, on_s
 
     attempt = 0
     while True:
-        actor = cls.remote(threads)
+        actor = cls.remote(threads, own_priority())
         if on_start is not None:
             on_start(actor)
         try:
@@ -150,7 +151,8 @@ def _heard(ray, told) -> int:
 class _RolloutActor:
     """Runs in the actor's process: one RolloutWorker."""
 
-    def __init__(self, cfg_json: str, wid: int, threads: int | None, sandbox_pool=None):
+    def __init__(self, cfg_json: str, wid: int, threads: int | None, nice: int, sandbox_pool=None):
+        match_priority(nice)
         import torch
 
         from longhaul.malloc import keep_freed_memory
@@ -170,8 +172,6 @@ class _RolloutActor:
         self._cond = threading.Condition()
 
     def pid(self) -> int:
-        import os
-
         return os.getpid()
 
     def load_weights(self, tensors: dict, version: int) -> int:
@@ -226,7 +226,8 @@ class RayRollouts(WorkerPool):
 
     def _spawn(self, wid: int) -> None:
         pools = self.sandbox_pools
-        actor = self._cls.remote(self._cfg_json, wid, self.cfg.runtime.worker_threads, pools[wid % len(pools)] if pools else None)
+        actor = self._cls.remote(self._cfg_json, wid, self.cfg.runtime.worker_threads, own_priority(),
+                                 pools[wid % len(pools)] if pools else None)
         self._actors[wid] = actor
         ref, v = self._weights
         ready = actor.load_weights.remote(ref, v)

@@ -26,13 +26,15 @@ import threading
 import time
 from dataclasses import replace
 
+from longhaul.cpus import match_priority, own_priority
 from longhaul.errors import LonghaulError
 
 
 class SandboxPool:
     """Runs in a pool actor's process: the run's families, and the environments of the episodes in flight."""
 
-    def __init__(self, cfg_json: str):
+    def __init__(self, cfg_json: str, nice: int):
+        match_priority(nice)  # first: the imports below run at it too, and its sandboxes' commands inherit it
         from longhaul.config import RunConfig
         from longhaul.runtime.rollout import build_family, domain_runs
 
@@ -179,4 +181,4 @@ def start_pools(ray, cfg) -> list:
         opts["memory"] = int(rt.sandbox_memory_gb * 2**30)
     cls = ray.remote(**opts)(SandboxPool)
     cfg_json = cfg.model_dump_json()
-    return [cls.remote(cfg_json) for _ in range(rt.sandbox_pools)]
+    return [cls.remote(cfg_json, own_priority()) for _ in range(rt.sandbox_pools)]
