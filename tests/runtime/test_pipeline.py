@@ -62,3 +62,40 @@ def test_a_plugin_workspace_family_goes_through_the_pipeline(tmp_path, monkeypat
     assert rows and {r["family"] for r in rows} == {"countlines"} and all(r["messages"][-1]["role"] != "system" for r in rows)
     assert list(summary["stages"]) == ["base", "sft"] and summary["stages"]["sft"]["n"] == 2
     assert json.loads((run / "eval_sft.json").read_text())["wordtasks:CountLines"]["task_ids"][0].startswith("countlines/")
+
+
+def test_a_stage_process_ends_when_the_pipeline_is_killed():
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.waiting import wait_until
+
+    parent = subprocess.Popen([sys.executable, "-c", "import time\nfrom longhaul.runtime.pipeline import _isolated\n_isolated(time.sleep, 600)"])
+
+    def stage():  # the pool's worker: a spawned child of the pipeline that is not the resource tracker
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            except (OSError, IndexError):
+                continue
+            if ppid == parent.pid and b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+                return int(pid)
+        return None
+
+    try:
+        pid = wait_until(stage, what="the stage process")
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+
+        def gone() -> bool:
+            try:
+                return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+            except OSError:
+                return True
+
+        wait_until(gone, what="the orphaned stage process to end")
+    finally:
+        parent.kill()

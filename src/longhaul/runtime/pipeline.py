@@ -71,8 +71,23 @@ def _isolated(fn, *args):
     instead of staying in this one's heap, which longhaul keeps for reuse (`longhaul.malloc`):
     the pipeline's peak is its largest stage's, not the sum of all of them."""
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1, initializer=keep_freed_memory) as pool:
+    with ctx.Pool(1, initializer=_stage_child, initargs=(os.getpid(),)) as pool:
         return pool.apply(fn, args)
+
+
+def _stage_child(parent: int) -> None:
+    """A stage process ends with the pipeline: SIGTERM when its parent dies (a `kill` of the
+    pipeline would otherwise leave the stage training on as an orphan)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before the line above took effect
+        os._exit(1)
+    keep_freed_memory()
 
 
 def _train_stage(run_cfg: RunConfig, out: Path) -> float:
