@@ -224,7 +224,10 @@ class SchedulingConfig(Section):
     """How domains share the rollout batch and how each domain picks its tasks."""
     mixing: Literal["stride", "sample"] = "stride"  # stride: deterministic weighted round robin (shares exact to a slot); sample: i.i.d. by weight
     curriculum: str = "uniform"  # default policy (longhaul.runtime.scheduling.curriculum): uniform, learnable_band, retire_solved, revisit_failures
-    window: int = Field(16, ge=1)  # recent outcomes kept per task; a task's pass rate is over these
+    # what the curriculum's outcomes are kept per: each task, or each sub-family (its tasks share one record;
+    # with few draws per task, the only way a policy learns which kinds of task carry signal)
+    curriculum_unit: Literal["task", "subfamily"] = "task"
+    window: int = Field(16, ge=1)  # recent outcomes kept per unit; its pass rate is over these
     min_samples: int = Field(4, ge=1)  # outcomes before a task's pass rate is trusted (fewer: it counts as unexplored)
     boost: float = Field(4.0, gt=0)  # weight of a favoured task (learnable band, recent failure) vs 1 for a neutral one
     floor: float = Field(0.1, ge=0)  # learnable_band: weight of a task stuck at 0 or 1 (kept > 0: the policy moves)

@@ -83,3 +83,52 @@ def test_policies_give_unexplored_tasks_weight_1_and_never_negative(name):
         for _ in range(rng.randrange(40)):
             s.add(rng.random() < 0.5, cfg.window)
         assert CURRICULA[name](s, cfg) >= 0.0 and s.n <= cfg.window
+
+
+def _kinds_domain(n: int = 300):
+    """Task i is of sub-family k{i % 3}, with pass probability TRUE_RATE[i % 3]."""
+    from types import SimpleNamespace
+
+    from longhaul.runtime.scheduling import Domain
+
+    return Domain("d", [SimpleNamespace(task_id=f"d/{i}", subfamily=f"k{i % 3}") for i in range(n)])
+
+
+def test_subfamily_unit_pools_outcomes_so_unseen_tasks_of_a_hopeless_kind_are_weighed_down():
+    """300 tasks, 60 draws: most tasks are drawn once or never, so per-task outcomes cannot tell
+    the kinds apart; pooled per sub-family they can, for tasks not yet drawn too."""
+    results = {}
+    for unit in ("task", "subfamily"):
+        cfg = SchedulingConfig(curriculum="learnable_band", curriculum_unit=unit, boost=4.0, floor=0.1, min_samples=4)
+        sched = TaskScheduler([_kinds_domain()], cfg, seed=0, group_size=GROUP)
+        rng, late = random.Random(0), Counter()
+        for step in range(30):
+            for d in sched.next_tasks(2):
+                kind = int(d.task.task_id.split("/")[1]) % 3
+                if step >= 10:
+                    late[kind] += 1
+                sched.record(Outcome("d", d.task.task_id, 0.0, rng.random() < TRUE_RATE[kind]) for _ in range(GROUP))
+        results[unit] = (late, sched.queues[0])
+    late, q = results["subfamily"]
+    assert late[1] / sum(late.values()) > 0.8, late  # weights 4 vs 0.1 and 0.1 once each kind has 4 outcomes
+    assert {q.weights[i] for i in range(len(q.weights)) if i % 3 == 0} == {0.1}, "every k0 task, drawn or not"
+    assert q.stats[0] is q.stats[3] and q.stats[0].draws > 1  # one record per sub-family
+    late_task, _ = results["task"]
+    assert late_task[1] / sum(late_task.values()) < 0.5, late_task  # per task: no draw has told the kinds apart
+
+
+def test_subfamily_unit_resumes_and_refuses_a_checkpoint_kept_per_task():
+    from longhaul.errors import LonghaulError
+
+    def make(unit):
+        return TaskScheduler([_kinds_domain(30)], SchedulingConfig(curriculum="learnable_band", curriculum_unit=unit), seed=0, group_size=GROUP)
+
+    first = make("subfamily")
+    for d in first.next_tasks(3):
+        first.record(Outcome("d", d.task.task_id, 1.0, True) for _ in range(GROUP))
+    state = first.state_dict()
+    again = make("subfamily")
+    again.load_state_dict(state)
+    assert again.queues[0].weights == first.queues[0].weights and again.metrics() == first.metrics()
+    with pytest.raises(LonghaulError, match="resume with the same scheduling.curriculum_unit"):
+        make("task").load_state_dict(state)

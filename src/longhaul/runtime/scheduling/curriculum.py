@@ -28,7 +28,7 @@ CURRICULA = Registry("curriculum policy")
 
 @dataclass
 class TaskStats:
-    """Recent outcomes of one task (most recent last), at most `window` of them."""
+    """Recent outcomes of one task, or of one sub-family's tasks pooled (most recent last), at most `window` of them."""
     recent: deque = field(default_factory=deque)
     draws: int = 0  # times the task was handed out
 

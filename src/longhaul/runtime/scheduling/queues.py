@@ -32,17 +32,33 @@ def preempts(new_priority: int, old_priority: int) -> bool:
 
 
 class DomainQueue:
-    """One domain's pool: curriculum weights over the tasks not in flight, and its budget."""
+    """One domain's pool: curriculum weights over the tasks not in flight, and its budget.
+    Outcomes are kept per task, or pooled per sub-family (`curriculum_unit`)."""
 
     def __init__(self, domain: Domain, cfg: SchedulingConfig, group_size: int = 1):
         self.domain, self.cfg, self.group_size = domain, cfg, group_size
         self.policy = CURRICULA.get_fn(domain.curriculum or cfg.curriculum)
         self.index = {t.task_id: i for i, t in enumerate(domain.tasks)}
-        self.stats = [TaskStats() for _ in domain.tasks]
-        self.weights = [self.policy(s, cfg) for s in self.stats]
+        # the unit whose outcomes weigh a task: the task itself, or its sub-family (pooled outcomes,
+        # so a sub-family found unlearnable is weighed down before each of its tasks is drawn)
+        self.unit = [self._unit_of(t) for t in domain.tasks]
+        self.members: dict[str, list[int]] = {}
+        for i, key in enumerate(self.unit):
+            self.members.setdefault(key, []).append(i)
+        self._fresh_stats()
         self.in_flight: dict[int, int] = {}  # task index -> episodes still expected back
         self.episodes = 0  # recorded episodes (infra errors excluded): the episode budget
         self.tokens = 0  # recorded tokens: the token budget
+
+    def _unit_of(self, task) -> str:
+        if self.cfg.curriculum_unit == "subfamily":
+            return f"subfamily:{getattr(task, 'subfamily', None) or task.task_id}"
+        return task.task_id
+
+    def _fresh_stats(self) -> None:
+        self.by_unit = {key: TaskStats() for key in self.members}
+        self.stats = [self.by_unit[key] for key in self.unit]  # a task's view: shared by the tasks of one unit
+        self.weights = [self.policy(s, self.cfg) for s in self.stats]
 
     # budget and availability
     def reserved(self) -> int:
@@ -82,8 +98,10 @@ class DomainQueue:
         self.tokens += tokens
         if passed is not None:
             self.episodes += 1
-            self.stats[i].add(passed, self.cfg.window)
-            self.weights[i] = self.policy(self.stats[i], self.cfg)
+            stats = self.stats[i]
+            stats.add(passed, self.cfg.window)
+            for j in self.members[self.unit[i]]:
+                self.weights[j] = self.policy(stats, self.cfg)
         left = self.in_flight.get(i, 0) - 1
         if left > 0:
             self.in_flight[i] = left
@@ -98,7 +116,7 @@ class DomainQueue:
     def state_dict(self) -> dict:
         return {"fingerprint": self.domain.fingerprint(), "episodes": self.episodes, "tokens": self.tokens,
                 "in_flight": {self.domain.tasks[i].task_id: n for i, n in self.in_flight.items()},
-                "stats": {self.domain.tasks[i].task_id: [list(s.recent), s.draws] for i, s in enumerate(self.stats) if s.draws or s.recent}}
+                "stats": {key: [list(s.recent), s.draws] for key, s in self.by_unit.items() if s.draws or s.recent}}
 
     def load_state_dict(self, state: dict) -> None:
         from longhaul.errors import LonghaulError
@@ -106,10 +124,14 @@ class DomainQueue:
         if state["fingerprint"] != self.domain.fingerprint():
             raise LonghaulError(f"domain {self.domain.name!r} draws from another task pool than the checkpoint did (its config or "
                                 "family changed); resume with the same domains, or start a new run")
+        unknown = sorted(set(state["stats"]) - set(self.by_unit))
+        if unknown:
+            raise LonghaulError(f"domain {self.domain.name!r}: the checkpoint's curriculum kept outcomes per {unknown[0]!r}, "
+                                f"this run per {self.cfg.curriculum_unit}; resume with the same scheduling.curriculum_unit")
         self.episodes, self.tokens = state["episodes"], state["tokens"]
-        self.stats = [TaskStats() for _ in self.domain.tasks]
-        for tid, (recent, draws) in state["stats"].items():
-            s = self.stats[self.index[tid]]
+        self._fresh_stats()
+        for key, (recent, draws) in state["stats"].items():
+            s = self.by_unit[key]
             s.recent.extend(bool(x) for x in recent)
             s.draws = draws
         self.weights = [self.policy(s, self.cfg) for s in self.stats]
