@@ -89,6 +89,9 @@ class AlgoConfig(Section):
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     drop_zero_std_groups: bool = True  # groups with equal rewards carry no policy gradient; skip their compute
+    # weight of negative advantages (below-baseline samples): 1 is the estimator as defined; 0 reinforces only
+    # what beat its group (positive-sample reinforcement: sharpens pass@1, the greedy policy, at the cost of pass@k)
+    negative_weight: float = Field(1.0, ge=0, le=1)
     dual_clip_c: float = Field(3.0, gt=1)  # used by loss=dual_clip
     entropy_coef: float = Field(0.0, ge=0)  # entropy bonus; 0 keeps entropy a metric only
     tis_cap: float | None = Field(None, gt=0)  # cap of the importance weight vs the sampler's log-probs; tis: None is off

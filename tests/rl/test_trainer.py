@@ -138,3 +138,21 @@ def test_non_finite_gradient_stops_with_a_clear_error():
     trainer = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(kl_coef=0.0), TrainConfig(autocast="none"))
     with pytest.raises(LonghaulError, match="non-finite gradient"):
         trainer.step(_groups(tok))
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "turn_level"])
+def test_negative_weight_scales_only_the_advantages_below_the_baseline(advantage):
+    model, tok = load_policy("tiny-llama")
+    groups = _groups(tok)
+    full = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(advantage=advantage, kl_coef=0.0), TrainConfig(autocast="none"))
+    _, _, _, want, _ = full.select(groups)
+    for w in (0.0, 0.25):
+        trainer = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(advantage=advantage, kl_coef=0.0, negative_weight=w),
+                              TrainConfig(autocast="none"))
+        _, _, _, got, _ = trainer.select(groups)
+        flat_want, flat_got = [a for row in want for a in row], [a for row in got for a in row]
+        assert any(a < 0 for a in flat_want) and any(a > 0 for a in flat_want)
+        assert flat_got == [a * w if a < 0 else a for a in flat_want]
+    trainer = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(advantage=advantage, kl_coef=0.0, negative_weight=0.0),
+                          TrainConfig(autocast="none", lr=1e-3))
+    assert trainer.step(groups)["grad_norm"] > 0  # the samples above the baseline still train

@@ -59,6 +59,11 @@ def _turn_rewards(groups: list[list[Trajectory]], rewards: torch.Tensor, infra: 
     return r, m
 
 
+def _weigh_negatives(adv: torch.Tensor, weight: float) -> torch.Tensor:
+    """Advantages with the negative ones scaled by `weight` (`algo.negative_weight`)."""
+    return adv if weight == 1.0 else torch.where(adv < 0, adv * weight, adv)
+
+
 class GRPOTrainer(OptimizerState):
     def __init__(self, policy, pad_id: int, algo: AlgoConfig, train: TrainConfig, temperature: float = 1.0, max_new_tokens: int = 128,
                  dp=None):
@@ -111,11 +116,11 @@ class GRPOTrainer(OptimizerState):
             rewards = rewards + overlong_penalty(lengths, self.max_new_tokens, self.algo.overlong_buffer, self.algo.overlong_penalty)
         if getattr(self.advantage_fn, "per_turn", False):
             turn_r, turn_m = _turn_rewards(groups, rewards, infra)
-            per_turn = self.advantage_fn(turn_r, turn_m, gamma=self.algo.gamma)  # (G, N, K)
+            per_turn = _weigh_negatives(self.advantage_fn(turn_r, turn_m, gamma=self.algo.gamma), self.algo.negative_weight)  # (G, N, K)
             std = turn_r.sum(-1).std(dim=1)
             token_adv = lambda i, j, s: [per_turn[i, j, k].item() for k in s.turn_index]
         else:
-            adv = self.advantage_fn(rewards)
+            adv = _weigh_negatives(self.advantage_fn(rewards), self.algo.negative_weight)
             std = rewards.std(dim=1)
             token_adv = lambda i, j, s: [adv[i, j].item()] * len(s.completion_ids)
         keep = [i for i in range(len(groups)) if not (self.algo.drop_zero_std_groups and std[i] == 0)]
