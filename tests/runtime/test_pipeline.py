@@ -2,6 +2,7 @@
 evaluation on the same held-out tasks, the report, a re-run that continues, and bad configs."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -42,16 +43,23 @@ def test_bad_pipeline_configs_get_one_line_errors(tmp_path):
     with pytest.raises(LonghaulError, match="unknown config key 'demos.taks'"):
         _cfg(tmp_path, "demos.taks=3")
     with pytest.raises(LonghaulError, match="pipeline sft: unknown config key 'train.stepz'"):
-        Pipeline(_cfg(tmp_path, "sft={train: {stepz: 1}}")).sft("tiny-llama", tmp_path / "x.jsonl")
+        Pipeline(_cfg(tmp_path, "sft={train: {stepz: 1}}"))  # at once, not after the base evaluation
+    with pytest.raises(LonghaulError, match="pipeline rl: unknown config key 'algo.negative_wieght'"):
+        Pipeline(_cfg(tmp_path, "rl={algo: {negative_wieght: 0}}"))  # at once, not after the SFT
     with pytest.raises(LonghaulError, match="has not been validated .* run `longhaul envcheck terminal`"):
         run_pipeline(_cfg(tmp_path, "name=unchecked", "rl={task: {require_envcheck: true}}"))
     assert not (tmp_path / "unchecked" / "demos.jsonl").exists(), "refused before the first stage, not after the SFT"
 
 
+def test_the_main_job_config_validates_every_stage():
+    cfg = load_config("examples/agent.yaml", model=PipelineConfig)
+    pipe = Pipeline(cfg)
+    assert pipe.rl_config("x").rollout.require_submit and pipe.sft_config("x", Path("d.jsonl")).data.packing
+
+
 def test_a_plugin_workspace_family_goes_through_the_pipeline(tmp_path, monkeypatch):
     """A user's multi-turn family (`package.module:Name`, the same tools) gets demonstrations from
     its oracle, SFT and the evaluation like the built-ins; its stages' child processes import it too."""
-    from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples" / "plugins"))
     cfg = _cfg(tmp_path, "name=plugin", "families=[wordtasks:CountLines]", "heldout_subfamilies=[]", "stages=[sft]",

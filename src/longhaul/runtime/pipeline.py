@@ -121,6 +121,11 @@ class Pipeline:
                                     f"(e.g. {cfg.families[0]}/{sorted(self.families[cfg.families[0]].subfamilies)[0]})")
             self.heldout_subs.setdefault(fam, []).append(sub)
         self.timing: dict[str, float] = {}
+        # the stages' settings are checked now, not after the stages before them have run
+        if "sft" in cfg.stages:
+            self.sft_config(cfg.model.name, self.dir / "demos.jsonl")
+        if "rl" in cfg.stages:
+            self.rl_config(cfg.model.name)
 
     def allowed(self, family: str) -> list[str] | None:
         """The sub-families training may use (None: all)."""
@@ -159,18 +164,24 @@ class Pipeline:
         out = self.dir / "sft" / "model"
         if (out / "config.json").exists():
             return str(out)
+        return self._train(self.sft_config(start, demos), out)
+
+    def sft_config(self, start: str, demos: Path) -> RunConfig:
         context = self.cfg.model.context_length or 4096
         tree = _merge(self._base_tree("sft"), {
             "model": {"name": start}, "algo": {"name": "sft"},
             "data": {"path": str(demos), "packing": True, "max_length": context, "batch_size": 8, "heldout_fraction": 0.1},
             "train": {"steps": 30, "lr": 1e-4, "micro_batch": 1, "warmup_steps": 3, "save_every": 0,
                       "autocast": _long_rows_autocast()}})
-        return self._train(_run_config(_merge(tree, self.cfg.sft), "sft"), out)
+        return _run_config(_merge(tree, self.cfg.sft), "sft")
 
     def rl(self, start: str) -> str:
         out = self.dir / "rl" / "model"
         if (out / "config.json").exists():
             return str(out)
+        return self._train(self.rl_config(start), out)
+
+    def rl_config(self, start: str) -> RunConfig:
         c = self.cfg
         tree = _merge(self._base_tree("rl"), {
             "model": {"name": start},
@@ -184,7 +195,7 @@ class Pipeline:
             tree["task"] = {"family": name, "difficulty": c.difficulty, "subfamilies": self.allowed(name)}
         else:
             tree["domains"] = [{"family": n, "difficulty": c.difficulty, "subfamilies": self.allowed(n)} for n in self.families]
-        return self._train(_run_config(_merge(tree, c.rl), "rl"), out)
+        return _run_config(_merge(tree, c.rl), "rl")
 
     def _train(self, run_cfg: RunConfig, out: Path) -> str:
         self.timing[run_cfg.name] = _isolated(_train_stage, run_cfg, out)
