@@ -229,8 +229,14 @@ def test_a_crashed_async_run_resumes_from_its_checkpoint_and_buffer(tmp_path, mo
     assert {u.split("/")[0] for u in taken if taken[u] >= 5} <= {"5.0e1", "6.0e1"}
 
 
-def test_two_data_parallel_trainers_train_like_one(tmp_path, tiny_grpo_run):
+def test_two_data_parallel_trainers_train_like_one(tmp_path, tiny_grpo_run, monkeypatch):
+    import tempfile
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the trainers' rendezvous directory goes
     run_training(load_config(EXAMPLE, [f"output_dir={tmp_path / 'two'}", *QUIET, "runtime.trainers=2"]))
+    assert not list(scratch.iterdir()), "the rendezvous directory is removed when the trainers close"
     a, b = _final(tiny_grpo_run), _final(tmp_path / "two" / "tiny_grpo")
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     assert worst < 1e-5, f"max parameter difference {worst:.3g}"

@@ -16,6 +16,7 @@ Not owned here: the maths of the sharded step (`rl.grpo`, `rl.distributed`).
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -128,12 +129,15 @@ class ShardedTrainer:
         self.inner.load_state_dict(state)
 
     def close(self) -> None:
-        if dist.is_initialized():
-            try:
-                dist.scatter_object_list([None], [None] * self.world, src=0)
-            finally:
-                dist.destroy_process_group()
-        for p in self.procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+        try:
+            if dist.is_initialized():
+                try:
+                    dist.scatter_object_list([None], [None] * self.world, src=0)
+                finally:
+                    dist.destroy_process_group()
+            for p in self.procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)  # the rendezvous file's directory
