@@ -278,13 +278,13 @@ def test_a_trainer_actor_that_dies_while_stopping_is_not_replaced(tmp_path, ray_
     def stop_then_kill() -> bool:
         if actors and (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip():
             pid = ray.get(actors[0].pid.remote())
+            done["stop"] = True  # before the signal: the run may end before this thread runs again
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)  # not a wait for anything: the kill comes just after the stop, or once the run has saved
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:  # it had already saved and stopped
                 pass
-            done["at"] = time.monotonic()
             return True
         return False
 
