@@ -6,8 +6,8 @@ than that makes them wait at every parallel region for a peer that has no CPU to
 
 Reads cgroup v2 (`cpu.max`) and v1 (`cpu.cfs_quota_us` / `cpu.cfs_period_us`) along the
 process's cgroup path up to the root (a parent's quota binds too), and rounds the tightest
-quota up to whole CPUs, and the niceness a worker process runs at (`match_priority`). Owns only
-the count; who uses how many threads is the caller's choice.
+quota up to whole CPUs; and sets the niceness a worker process runs at (`match_priority`). Owns
+the count and the niceness; who uses how many threads is the caller's choice.
 """
 
 from __future__ import annotations

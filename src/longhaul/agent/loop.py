@@ -169,10 +169,10 @@ def _elide(tok, ep: _Episode, cfg: AgentConfig) -> None:
     ep.segment += 1
 
 
-def _finish(ep: _Episode, keep_messages: bool = False, require_submit: bool = False) -> Trajectory:
+def _finish(ep: _Episode, cfg: AgentConfig) -> Trajectory:
     info = {**ep.info, "ended": ep.ended, "turns": len(ep.turns), "tool_calls": ep.tool_calls,
             "segments": ep.segment + 1 if ep.turns else 0, "submitted": ep.ended == "done", **ep.counts}
-    if keep_messages:
+    if cfg.keep_messages:
         info["messages"] = [dict(m) for m in ep.messages]
     if ep.ended == "infra_error":
         score = Score(0.0, False, "infra_error")
@@ -182,7 +182,7 @@ def _finish(ep: _Episode, keep_messages: bool = False, require_submit: bool = Fa
         except Exception as e:  # the verifier's own failure is ours, not the model's
             score = Score(0.0, False, "infra_error")
             info["ended"], info["infra_error"] = "infra_error", f"verify: {type(e).__name__}: {e}"
-    if require_submit and ep.ended not in ("done", "infra_error") and info["ended"] != "infra_error":
+    if cfg.require_submit and info["ended"] not in ("done", "infra_error"):  # verify's own failure sets it too
         info["state_passed"] = score.passed
         score = Score(0.0, False, "unsubmitted")
     info.update(status=score.status, passed=score.passed, reward=score.reward, wall_s=time.perf_counter() - ep.t0)
@@ -219,7 +219,7 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
         live = [i for i, ep in enumerate(episodes) if ep.ended is None]
         for i, ep in enumerate(episodes):
             if ep.ended is not None:
-                results[i] = _close(ep, on_done, cfg.keep_messages, cfg.require_submit)
+                results[i] = _close(ep, on_done, cfg)
         while live:
             by_budget: dict[int, list[int]] = {}
             for i in live:
@@ -279,7 +279,7 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
 
             list(pool.map(step, list(gens)))
             done = [i for i in live if episodes[i].ended is not None]
-            for i, traj in zip(done, pool.map(lambda i: _close(episodes[i], on_done, cfg.keep_messages, cfg.require_submit), done)):
+            for i, traj in zip(done, pool.map(lambda i: _close(episodes[i], on_done, cfg), done)):
                 results[i] = traj
             live = [i for i in live if episodes[i].ended is None]
     out = [results[i] for i in range(len(episodes))]
@@ -288,9 +288,9 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
     return out
 
 
-def _close(ep: _Episode, on_done, keep_messages: bool = False, require_submit: bool = False) -> Trajectory:
+def _close(ep: _Episode, on_done, cfg: AgentConfig) -> Trajectory:
     try:
-        traj = _finish(ep, keep_messages, require_submit)
+        traj = _finish(ep, cfg)
     finally:
         try:
             ep.env.close()
