@@ -6,6 +6,7 @@ fp32 and bf16 linears on each CPU path this CPU has."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -257,6 +258,26 @@ def test_prune_builds_keeps_the_current_and_the_most_recently_used(tmp_path):
     assert all(d.exists() for d in (dirs[0], dirs[1], dirs[4], current, tmp_path / "unrelated"))
     assert current.stat().st_mtime > dirs[0].stat().st_mtime
     assert kernels.prune_builds(tmp_path / "gone") == []  # a vanished cache is not an error
+
+
+def test_a_build_compiles_its_own_copy_of_the_sources(native):
+    # another checkout of the same sources then finds the same build file and rebuilds nothing
+    out = kernels.build_dir(sorted(kernels.CSRC.glob("*.cpp")))
+    ninja = (out / "build.ninja").read_text()
+    assert str(out / "src" / "module.cpp") in ninja and str(kernels.CSRC) not in ninja
+    for f in kernels.CSRC.glob("*.[ch]*"):
+        assert (out / "src" / f.name).read_bytes() == f.read_bytes()
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_only_when_old(tmp_path):
+    lock = tmp_path / "lock"
+    lock.write_bytes(b"")
+    kernels._drop_stale_lock(tmp_path)
+    assert lock.exists(), "a fresh lock has a builder: wait for it"
+    os.utime(lock, (time.time() - 3600,) * 2)
+    kernels._drop_stale_lock(tmp_path)
+    assert not lock.exists()
+    kernels._drop_stale_lock(tmp_path)  # no lock: nothing to do
 
 
 @pytest.mark.parametrize("v", [49152, 1001, 7])

@@ -4,7 +4,8 @@ Owns building and loading `csrc/*.cpp` (one module) with torch's C++ extension l
 `$LONGHAUL_KERNEL_CACHE/<torch version>-<hash>/` (default `~/.cache/longhaul/kernels`,
 shared by every `LONGHAUL_HOME`: a build depends only on the sources, the flags and the torch
 install it compiles against, which the hash covers, so two virtual environments on one machine
-never rebuild each other's directory or wait on each other's lock; a file
+never rebuild each other's directory or wait on each other's lock; the sources are compiled
+from a copy inside the build directory, so two checkouts of the same sources share one build; a file
 lock there keeps concurrent processes, e.g. Ray actors, from building twice; each load marks its
 directory used and removes all but the `KEEP_BUILDS` most recently used others, so source edits do
 not pile up builds), and saying why a kernel is unavailable.
@@ -23,6 +24,7 @@ import hashlib
 import os
 import shutil
 import sys
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -80,7 +82,8 @@ def native():
         out.mkdir(parents=True, exist_ok=True)
         if not any(out.glob("*.so")):
             print(f"longhaul: building the fp32 decode kernels into {out} (once, about a minute)", file=sys.stderr, flush=True)
-        module = load(name="longhaul_cpu_kernels", sources=[str(s) for s in sources], build_directory=str(out),
+        _drop_stale_lock(out)
+        module = load(name="longhaul_cpu_kernels", sources=[str(s) for s in _own_copy(out)], build_directory=str(out),
                       extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # a compiler or linker error: the engine still runs on oneDNN
         lines = str(e).strip().splitlines()
@@ -89,6 +92,35 @@ def native():
         return None
     prune_builds(out)
     return module
+
+
+def _own_copy(out: Path) -> list[Path]:
+    """The sources copied into the build directory (same bytes: its name is their hash), so the
+    build names paths of its own: torch's loader rewrites the build file whenever the sources'
+    paths change, and ninja then rebuilds, so two checkouts of the same sources would otherwise
+    rebuild each other's build on every first use."""
+    src = out / "src"
+    src.mkdir(exist_ok=True)
+    for f in sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h")):
+        dst = src / f.name
+        if not dst.exists():
+            tmp = src / f".{f.name}.{os.getpid()}.tmp"
+            shutil.copy2(f, tmp)
+            os.replace(tmp, dst)
+    return sorted(src.glob("*.cpp"))
+
+
+def _drop_stale_lock(out: Path, after_s: float = 900.0) -> None:
+    """Remove a build lock left by a process killed while building (torch's loader would wait on
+    it forever); a build takes a minute or two, so a lock this old has no builder."""
+    lock = out / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
+        return
+    if age > after_s:
+        print(f"longhaul: removing {lock}, left {age / 60:.0f} min ago by a build that did not finish", file=sys.stderr, flush=True)
+        lock.unlink(missing_ok=True)
 
 
 def prune_builds(current: Path, keep: int = KEEP_BUILDS) -> list[Path]:
