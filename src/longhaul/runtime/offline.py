@@ -26,6 +26,7 @@ from longhaul.models.lora import apply_lora
 from longhaul.rl.checkpoint import load_trainer_state, load_weights, save_checkpoint, set_rng_state
 from longhaul.rl.data import encode_pair_row, encode_sft_row, load_rows, truncate
 from longhaul.rl.registry import Registry
+from longhaul.runtime.memory import measure
 from longhaul.runtime.metrics import MetricsLog, read_metrics
 from longhaul.runtime.notice import StopNotice
 from longhaul.runtime.progress import console, progress_bar
@@ -191,6 +192,8 @@ def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
         before = trainer.evaluate(heldout)
         log.write(0, before)
     B = cfg.data.batch_size
+    if cfg.log.progress:
+        console.print(measure(built.model, trainer).table())
     with progress_bar(cfg.log.progress) as prog, StopNotice() as notice:
         bar = prog.add_task(f"train {cfg.algo.name}", total=t.steps, completed=start, info="")
         for step in range(start + 1, t.steps + 1):
@@ -201,6 +204,7 @@ def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
                 raise LonghaulError(f"step {step} produced a non-finite loss; the last checkpoint is intact; lower train.lr, then --resume")
             m["step_time"] = time.perf_counter() - t0
             m["epoch"] = step * B / len(train_items)
+            m.update(measure(built.model, trainer).metrics())
             last = step == t.steps
             if heldout and (last or (t.save_every and step % t.save_every == 0)):
                 m.update(trainer.evaluate(heldout))

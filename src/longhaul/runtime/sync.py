@@ -31,6 +31,7 @@ from longhaul.rl.checkpoint import list_checkpoints, load_trainer_state, load_we
 from longhaul.rl.grpo import GRPOTrainer
 from longhaul.rl.registry import Registry
 from longhaul.runtime.buffer import ReplayBuffer
+from longhaul.runtime.memory import measure
 from longhaul.runtime.controller import Controller, buffer_capacity, make_rollouts
 from longhaul.runtime.metrics import MetricsLog, read_metrics
 from longhaul.runtime.notice import StopNotice
@@ -274,6 +275,7 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         t_train = time.perf_counter()
         t_head = t_train - t_rollouts
         ctl.start(start, resume=state)
+        _print_memory(policy, trainer, getattr(rollouts, "sampler", None), cfg)
         with StopNotice() as notice:
             _train_steps(cfg, ctl, trainer, policy, tok, run_dir, log, start, notice)
     finally:
@@ -325,7 +327,8 @@ def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir:
             finally:
                 ctl.rollouts.training(False)
             ctl.publish(step)
-            metrics = {**_step_metrics(groups, gen, m, time.perf_counter() - t0), **ctl.stats(), **ctl.source.metrics()}
+            metrics = {**_step_metrics(groups, gen, m, time.perf_counter() - t0), **ctl.stats(), **ctl.source.metrics(),
+                       **measure(policy, trainer, getattr(ctl.rollouts, "sampler", None)).metrics()}
             log.write(step, metrics)
             kl_key = "distill/reverse_kl" if "distill/reverse_kl" in metrics else "kl"
             info = (f"reward {metrics['reward']:.3f} pass {metrics['pass_rate']:.2f} {kl_key} {metrics[kl_key]:.4f} "
@@ -342,6 +345,16 @@ def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir:
                                         {**trainer.state_dict(), **tasks, "data_position": tasks["tasks"].get("cursor")},
                                         cfg.train.keep_last)
                 notice.end_if_told(step, cfg.train.steps, saved, log)
+
+
+def _print_memory(policy, trainer, sampler, cfg: RunConfig) -> None:
+    """This process's memory before the first step, and what the first step adds for certain."""
+    if not cfg.log.progress:
+        return
+    trainable = sum(p.numel() * p.element_size() for p in policy.parameters() if p.requires_grad)
+    console.print(measure(policy, trainer, sampler).table())
+    console.print(f"  the first step adds gradients {trainable / 1e9:.2f} GB and AdamW's moments {2 * trainable / 1e9:.2f} GB; "
+                  "metrics.jsonl has memory/* every step" + ("" if sampler is not None else " (rollout workers' memory is theirs)"))
 
 
 def _stability_warnings(m: dict, cfg: RunConfig) -> list[str]:

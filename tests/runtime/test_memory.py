@@ -1,0 +1,52 @@
+"""The memory breakdown: each part against the bytes its holder is known to hold, every storage
+counted once, and the parts against the kernel's resident figure."""
+
+import torch
+
+from longhaul.inference import make_engine
+from longhaul.models import load_policy
+from longhaul.rl.grpo import frozen_copy
+from longhaul.runtime.memory import PARTS, measure
+
+
+class _Trainer:
+    def __init__(self, policy):
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+        self.ref = frozen_copy(policy)
+
+
+def test_each_part_is_what_its_holder_holds_and_all_add_up_to_the_resident_figure():
+    policy, tok = load_policy("tiny-llama")
+    params = sum(p.numel() * p.element_size() for p in policy.parameters())
+    trainer = _Trainer(policy)
+    before = measure(policy, trainer)
+    assert before.parts["gradients"] == 0 and before.parts["optimizer"] == 0, "nothing before the first step"
+    policy(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    trainer.optimizer.step()
+    engine = make_engine(policy, tok, "float32", max_model_len=256)
+    b = measure(policy, trainer, engine)
+    assert set(b.parts) == set(PARTS)
+    assert params <= b.parts["weights"] <= params * 1.05  # parameters and buffers (rotary frequencies)
+    assert b.parts["gradients"] == params
+    assert 2 * params <= b.parts["optimizer"] <= 2 * params + 4096  # Adam's two moments and a step counter each
+    assert b.parts["reference"] == b.parts["weights"]
+    kv = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+          for t in (getattr(engine.kv, k) for k in vars(engine.kv)) if isinstance(t, torch.Tensor)}
+    assert b.parts["kv_pool"] == sum(kv.values()) > 0
+    assert b.parts["sampler"] > 0 and b.parts["files"] > 0
+    assert b.peak >= b.resident > 0
+    # what no part names: Python's object arenas, thread stacks, libraries' static data; a fixed
+    # few hundred MB however large the model (a training process is gigabytes)
+    assert abs(b.unaccounted) < 300e6, b.table()
+    m = b.metrics()
+    assert m["memory/resident_gb"] == round(b.resident / 1e9, 4) and "memory/kv_pool_gb" in m
+
+
+def test_a_storage_shared_by_two_holders_is_counted_once():
+    policy, _ = load_policy("tiny-llama")
+
+    class Shares:
+        optimizer = None
+        ref = policy  # the same modules as the policy: nothing new
+
+    assert measure(policy, Shares()).parts["reference"] == 0
