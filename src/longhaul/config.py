@@ -274,7 +274,9 @@ class PipelineEvalConfig(Section):
     tasks: int = Field(40, ge=1)  # held-out tasks per family; every stage is evaluated on the same ones, greedy
     max_turns: int = Field(10, ge=1)
     max_new_tokens: int = Field(192, ge=1)  # per reply
+    batch_size: int = Field(32, ge=1)  # episodes of a set run side by side (a set of up to this many tasks runs as one batch)
     humaneval: bool = True  # also HumanEval pass@1 of the base and the final model (does agent training cost coding?)
+    humaneval_tasks: int = Field(164, ge=1, le=164)  # the first N of HumanEval's 164 problems
     show: int = Field(3, ge=0)  # held-out episodes shown turn by turn in the report, before and after
 
 

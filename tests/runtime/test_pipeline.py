@@ -33,6 +33,16 @@ def test_tiny_pipeline_runs_every_stage_on_the_same_tasks_and_continues(tmp_path
     first = (run / "eval_rl.json").stat().st_mtime
     again = run_pipeline(cfg)  # every stage's output exists: nothing is trained or evaluated again
     assert (run / "eval_rl.json").stat().st_mtime == first and again["stages"] == summary["stages"]
+    stage_s = lambda s: {k: v for k, v in s["timing_s"].items() if k != "total"}  # noqa: E731
+    assert stage_s(again) == stage_s(summary), "finished stages keep the seconds they took"
+    assert {"demos", "eval_base", "sft", "eval_sft", "rl", "eval_rl"} <= set(summary["timing_s"])
+    sets = json.loads((run / "eval_rl.json").read_text())
+    episodes = (run / "episodes_rl.jsonl").read_text()
+    more = run_pipeline(_cfg(tmp_path, "eval.humaneval=true", "eval.humaneval_tasks=3"))  # HumanEval alone is added
+    assert {s: more["humaneval"][s]["n"] for s in more["humaneval"]} == {"base": 3, "rl": 3}
+    after = json.loads((run / "eval_rl.json").read_text())
+    assert {k: v for k, v in after.items() if k != "humaneval"} == sets and (run / "episodes_rl.jsonl").read_text() == episodes
+    assert more["stages"] == summary["stages"] and {"humaneval_base", "humaneval_rl"} <= set(more["timing_s"])
 
 
 def test_bad_pipeline_configs_get_one_line_errors(tmp_path):

@@ -90,19 +90,16 @@ def _stage_child(parent: int) -> None:
     keep_freed_memory()
 
 
-def _train_stage(run_cfg: RunConfig, out: Path) -> float:
+def _train_stage(run_cfg: RunConfig, out: Path) -> None:
     from longhaul.rl.checkpoint import export_checkpoint
     from longhaul.runtime import train
 
-    t0 = time.perf_counter()
     train(run_cfg)
-    seconds = time.perf_counter() - t0
     export_checkpoint(run_cfg.run_dir, None, out)
-    return seconds
 
 
-def _eval_stage(cfg: PipelineConfig, stage: str, model: str, humaneval: bool) -> float:
-    return Pipeline(cfg)._evaluate_here(stage, model, humaneval)
+def _eval_stage(cfg: PipelineConfig, stage: str, model: str, humaneval: bool, only_humaneval: bool = False) -> None:
+    Pipeline(cfg)._evaluate_here(stage, model, humaneval, only_humaneval)
 
 
 class Pipeline:
@@ -141,7 +138,7 @@ class Pipeline:
         if path.exists():
             return path
         c = self.cfg
-        rows = []
+        rows, t0 = [], time.perf_counter()
         with progress_bar(True) as prog:
             for name, fam in self.families.items():
                 bar = prog.add_task(f"demonstrations: {name}", total=c.demos.tasks * len(c.demos.variants), info="")
@@ -150,6 +147,7 @@ class Pipeline:
         if not rows:
             raise LonghaulError("no demonstration passed its hidden checks; run `longhaul envcheck` on the families")
         write_jsonl(rows, path)
+        self.timing["demos"] = time.perf_counter() - t0
         kinds = Counter(r["variant"] for r in rows)
         console.print(f"{len(rows)} verified demonstrations ({', '.join(f'{k} {v}' for k, v in kinds.items())}, "
                       f"{sum(r['repair'] for r in rows)} with a repair) -> {path}")
@@ -197,8 +195,15 @@ class Pipeline:
             tree["domains"] = [{"family": n, "difficulty": c.difficulty, "subfamilies": self.allowed(n)} for n in self.families]
         return _run_config(_merge(tree, c.rl), "rl")
 
+    def _stage(self, key: str, fn, *args) -> None:
+        """fn(*args) in its own process (`_isolated`); its wall clock, start-up and model loading
+        included, is timing_s[key]."""
+        t0 = time.perf_counter()
+        _isolated(fn, *args)
+        self.timing[key] = time.perf_counter() - t0
+
     def _train(self, run_cfg: RunConfig, out: Path) -> str:
-        self.timing[run_cfg.name] = _isolated(_train_stage, run_cfg, out)
+        self._stage(run_cfg.name, _train_stage, run_cfg, out)
         return str(out)
 
     # ---- evaluation ---------------------------------------------------------------------
@@ -215,16 +220,18 @@ class Pipeline:
         """The policy at `model` on every set (and HumanEval when asked), cached in eval_<stage>.json."""
         path = self.dir / f"eval_{stage}.json"
         if not path.exists():
-            self.timing[f"eval_{stage}"] = _isolated(_eval_stage, self.cfg, stage, model, humaneval)
+            self._stage(f"eval_{stage}", _eval_stage, self.cfg, stage, model, humaneval)
+        elif humaneval and "humaneval" not in json.loads(path.read_text()):  # a finished run asked for HumanEval too
+            self._stage(f"humaneval_{stage}", _eval_stage, self.cfg, stage, model, True, True)
         return {k: EvalResult(**v) for k, v in json.loads(path.read_text()).items()}
 
-    def _evaluate_here(self, stage: str, model: str, humaneval: bool) -> float:
-        """`evaluate`'s work, in this process: writes eval_<stage>.json and the transcripts; the seconds it took."""
+    def _evaluate_here(self, stage: str, model: str, humaneval: bool, only_humaneval: bool = False) -> None:
+        """`evaluate`'s work, in this process: writes eval_<stage>.json and the transcripts.
+        `only_humaneval` runs HumanEval alone and adds it to the stage's existing eval_<stage>.json."""
         from longhaul.models import load_policy
         from longhaul.runtime.rollout import make_sampler
 
         c = self.cfg
-        t0 = time.perf_counter()
         policy, tok = load_policy(model)
         run_cfg = _run_config(_merge(self._base_tree("eval"), {"model": {"name": model}}), "eval")
         sampler = make_sampler(run_cfg, policy, tok)
@@ -234,32 +241,39 @@ class Pipeline:
             episodes.extend({"task_id": t.info.get("task_id"), "passed": t.info.get("passed"), "status": t.info.get("status"),
                              "messages": t.info.get("messages", [])} for t in trajs)
 
-        sets = self.eval_sets()
+        sets = {} if only_humaneval else self.eval_sets()
         with progress_bar(True) as prog:
-            bar = prog.add_task(f"eval {stage}", total=sum(len(v) for v in sets.values()), info="")
+            bar = prog.add_task(f"eval {stage}", total=sum(len(v) for v in sets.values()) + c.eval.humaneval_tasks * humaneval,
+                                info="")
             for key, tasks in sets.items():
                 fam = self.families[key.split("/")[0]]
-                results[key] = evaluate(sampler, tok, fam, tasks, stage, c.eval.max_new_tokens, batch_size=16, max_turns=c.eval.max_turns,
+                results[key] = evaluate(sampler, tok, fam, tasks, stage, c.eval.max_new_tokens, batch_size=c.eval.batch_size, max_turns=c.eval.max_turns,
                                         on_batch=lambda n: prog.advance(bar, n), seed=c.seed, on_episodes=keep,
                                         agent={**run_cfg.rollout.agent_options(), "keep_messages": True})
             if humaneval:
                 he = get_family("humaneval")
-                tasks = he.make_split("heldout", 164, 1, None)
-                results["humaneval"] = evaluate(sampler, tok, he, tasks, stage, 384, batch_size=32)
-        tmp = self.dir / f".episodes_{stage}.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(e) + "\n" for e in episodes))
-        os.replace(tmp, self.dir / f"episodes_{stage}.jsonl")
-        _write_json(self.dir / f"eval_{stage}.json",
-                    {k: {f: getattr(r, f) for f in ("label", "task_ids", "passed", "statuses", "counts", "samples", "agent")}
-                     for k, r in results.items()})
-        return time.perf_counter() - t0
+                tasks = he.make_split("heldout", c.eval.humaneval_tasks, 1, None)
+                results["humaneval"] = evaluate(sampler, tok, he, tasks, stage, 384, batch_size=32,
+                                                on_batch=lambda n: prog.advance(bar, n))
+        fields = ("label", "task_ids", "passed", "statuses", "counts", "samples", "agent")
+        out = {k: {f: getattr(r, f) for f in fields} for k, r in results.items()}
+        path = self.dir / f"eval_{stage}.json"
+        if not only_humaneval:
+            tmp = self.dir / f".episodes_{stage}.jsonl.tmp"
+            tmp.write_text("".join(json.dumps(e) + "\n" for e in episodes))
+            os.replace(tmp, self.dir / f"episodes_{stage}.jsonl")
+        else:
+            out = {**json.loads(path.read_text()), **out}
+        _write_json(path, out)
 
     # ---- the whole -----------------------------------------------------------------------
     def run(self) -> dict:
         c = self.cfg
         self.dir.mkdir(parents=True, exist_ok=True)
         _write_json(self.dir / "pipeline_config.json", c.model_dump(mode="json"))
-        t0 = time.perf_counter()
+        done = self.dir / "pipeline.json"
+        if done.exists():  # stages an earlier run finished keep the seconds they took then
+            self.timing = {k: v for k, v in json.loads(done.read_text()).get("timing_s", {}).items() if k != "total"}
         if "rl" in c.stages and c.rl.get("task", {}).get("require_envcheck", True):
             from longhaul.eval.envcheck import require_checked
 
@@ -275,7 +289,7 @@ class Pipeline:
         if "rl" in c.stages:
             model = self.rl(model)
             evals["rl"] = self.evaluate("rl", model, c.eval.humaneval)
-        self.timing["total"] = time.perf_counter() - t0
+        self.timing["total"] = sum(v for k, v in self.timing.items() if not k.startswith("humaneval_"))
         summary = summarize(evals, self.timing, c)
         _write_json(self.dir / "pipeline.json", summary)
         from longhaul.eval.pipeline_report import write_pipeline_report
