@@ -76,6 +76,9 @@ class DataConfig(Section):
     batch_size: int = Field(8, ge=1)  # rows per optimizer step (micro-batched by train.micro_batch)
     max_length: int = Field(1024, ge=8)  # rows longer than this many tokens are truncated from the right
     packing: bool = False  # SFT: pack rows into max_length with attention kept inside each row
+    # SFT packing: tokens a packed bin holds (None: max_length). A micro-batch's activations grow with
+    # it; a row longer than this still trains, in a bin of its own
+    pack_length: int | None = Field(None, ge=8)
     shuffle: bool = True
 
 

@@ -61,6 +61,11 @@ def test_sft_memorises_and_accumulation_is_exact():
     assert last < 0.2 * first, (first, last)
 
 
+def test_a_row_longer_than_the_bins_gets_a_bin_of_its_own():
+    rows = [([1] * n, [1] * n) for n in (30, 9, 8, 7, 50)]
+    assert [[len(r[0]) for r in b] for b in pack_rows(rows, max_length=20)] == [[50], [30], [9, 8], [7]]
+
+
 def test_packing_gives_the_padded_loss_and_gradient():
     """Packed rows (block-diagonal attention, per-row positions) compute exactly what padded rows do."""
     model, tok = load_policy("tiny-llama")

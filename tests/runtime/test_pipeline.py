@@ -64,7 +64,8 @@ def test_bad_pipeline_configs_get_one_line_errors(tmp_path):
 def test_the_main_job_config_validates_every_stage():
     cfg = load_config("examples/agent.yaml", model=PipelineConfig)
     pipe = Pipeline(cfg)
-    assert pipe.rl_config("x").rollout.require_submit and pipe.sft_config("x", Path("d.jsonl")).data.packing
+    sft = pipe.sft_config("x", Path("d.jsonl"))
+    assert pipe.rl_config("x").rollout.require_submit and sft.data.packing and sft.data.pack_length == 2048
 
 
 def test_a_plugin_workspace_family_goes_through_the_pipeline(tmp_path, monkeypatch):

@@ -2,8 +2,8 @@
 
 The loss is the sum of token losses over the whole batch divided by the batch's count of
 loss tokens, so micro-batch accumulation gives exactly the full-batch gradient. With packing,
-rows are grouped first-fit into bins of at most `max_length` tokens and a micro-batch is
-`micro_batch` bins. For Llama / Qwen2 models the bins' rows run through `packed_forward`: all
+rows are grouped first-fit into bins of at most `data.pack_length` tokens (default
+`data.max_length`; a longer row gets a bin of its own) and a micro-batch is `micro_batch` bins. For Llama / Qwen2 models the bins' rows run through `packed_forward`: all
 rows end to end with no padding in the linears, attention per row, and the LM head and
 log-softmax on the target (assistant) positions only, which is most of the saving on
 multi-turn rows where tool outputs and prompts are most of the tokens. Other models get HF's
@@ -39,7 +39,8 @@ def masked_logprobs(model, seqs: list[Row], pad_id: int, autocast: str = "none")
 
 
 def pack_rows(rows: list[Row], max_length: int) -> list[list[Row]]:
-    """First-fit-decreasing bins of rows whose total length is at most `max_length`."""
+    """First-fit-decreasing bins of rows whose total length is at most `max_length` (a row longer
+    than that alone in its bin)."""
     bins: list[list[Row]] = []
     room: list[int] = []
     for row in sorted(rows, key=lambda r: -len(r[0])):

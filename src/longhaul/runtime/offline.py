@@ -72,7 +72,8 @@ def _encode_pair(tok, row, cfg):
 def _build_sft(cfg, policy, tok, items):
     from longhaul.rl.sft import SFTTrainer
 
-    return Built(SFTTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.data.packing, cfg.data.max_length), policy)
+    return Built(SFTTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.data.packing,
+                             cfg.data.pack_length or cfg.data.max_length), policy)
 
 
 def _build_rm(cfg, policy, tok, items):
