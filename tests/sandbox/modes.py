@@ -1,7 +1,8 @@
 """Run longhaul in a child process as the sandbox meets it in the field: with cgroups, with
 cgroups hidden (a private mount namespace with an empty tmpfs over /sys/fs/cgroup, so the
 sandbox's own detection finds none), and as an unprivileged user (uid 65534 through setpriv).
-Each mode is a command prefix; a mode this machine cannot provide is skipped with the reason."""
+Each mode is a command prefix; a mode this machine cannot provide is skipped with the reason.
+Also what the tests read about host processes, from /proc, independently of the code under test."""
 
 from __future__ import annotations
 
@@ -100,3 +101,43 @@ def script(mode: str, code: str, timeout: float = 300) -> dict:
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
+
+# ---- observing the host ------------------------------------------------------------------
+
+def host_pids(text: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", text], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out if int(p) != os.getpid()]
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid):
+                out.append(int(p))
+        except (OSError, IndexError):
+            pass
+    return out
+
+
+def sandboxed(caller: int, comm: str) -> list[int]:
+    """Processes named `comm` below `caller` (pgrep -f would also match the caller's own argv)."""
+    out, todo = [], children(caller)
+    while todo:
+        pid = todo.pop()
+        todo += children(pid)
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == comm:
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def running_sandbox(caller: int) -> tuple[Path, list[str]]:
+    """The root directory and the cgroups (as /proc/PID/cgroup names them) of the sandbox a caller
+    is running, read from its bubblewrap process."""
+    bwrap = next(p for p in children(caller) if Path(f"/proc/{p}/exe").resolve().name == "bwrap")
+    argv = Path(f"/proc/{bwrap}/cmdline").read_bytes().split(b"\0")
+    cgroups = [line.split(":", 2)[2] for line in Path(f"/proc/{bwrap}/cgroup").read_text().splitlines() if "longhaul-" in line]
+    return Path(argv[argv.index(b"/work") - 1].decode()).parent, cgroups

@@ -6,11 +6,13 @@ no controllers): the sandbox then falls back to rlimits and says so.
 
 from __future__ import annotations
 
+import errno
 import os
-import signal
 import time
 import uuid
 from pathlib import Path
+
+from longhaul.sandbox import procs
 
 ROOT = Path("/sys/fs/cgroup")
 
@@ -111,29 +113,36 @@ class CGroup:
             except OSError:
                 pass
 
-    def kill_all(self) -> None:
+    def kill_all(self) -> list[int]:
+        """SIGKILL every task until none is left; returns what was killed, for `procs.reap`."""
+        killed: set[int] = set()
         for _ in range(50):
             pids = self.pids()
             if not pids:
-                return
+                break
+            killed.update(pids)
             if self.version == 2 and (self.dirs["pids"] / "cgroup.kill").exists():
                 _write(self.dirs["pids"] / "cgroup.kill", 1)
             else:
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                procs.kill_pids(pids)
             time.sleep(0.01)
+        return sorted(killed)
 
     def remove(self) -> None:
-        self.kill_all()
+        procs.reap(self.kill_all())
         for d in {id(d): d for d in self.dirs.values()}.values():
-            for _ in range(100):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:  # busy until the last task is reaped
-                    time.sleep(0.01)
+            _rmdir(d)
+
+
+def _rmdir(d: Path) -> None:
+    for _ in range(100):
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY:  # not ours to remove
+                return
+            time.sleep(0.01)  # busy until the last task is gone
+

@@ -116,8 +116,8 @@ class PythonChecker:
         return result
 
     def _read(self, n: int, timeout: float) -> bytes:
-        out = self._proc.stdout
-        timer = threading.Timer(timeout, self._proc.kill)
+        out, proc = self._proc.stdout, self._proc
+        timer = threading.Timer(timeout, lambda: self.sandbox.kill_tree(proc))
         timer.start()
         try:
             data = out.read(n)
@@ -128,15 +128,13 @@ class PythonChecker:
         return data
 
     def _restart(self) -> None:
-        self._proc.kill()
+        self.sandbox.kill_tree(self._proc)
         self._proc.wait()
-        if self.sandbox.cgroup:
-            self.sandbox.cgroup.kill_all()
         self._start()
 
     def close(self) -> None:
         if self._proc is not None:
-            self._proc.kill()
+            self.sandbox.kill_tree(self._proc)
             self._proc.wait()
             for f in (self._proc.stdin, self._proc.stdout):
                 try:

@@ -1,5 +1,9 @@
 """Spawn one command under limits, drain its output without ever blocking on a full pipe,
-enforce the wall clock, and classify which limit (if any) stopped it."""
+enforce the wall clock and the output cap, and classify which limit (if any) stopped it.
+
+The watchdog needs no cgroups: `Launch.stop` kills the whole tree by means the backend owns
+(the pid namespace's init for bubblewrap).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from longhaul.sandbox import procs
 from longhaul.sandbox.spec import ExecResult, SandboxSpec
 
 
@@ -22,7 +27,8 @@ class Launch:
     env: dict | None
     cwd: str | None
     preexec: Callable[[], None]
-    kill_all: Callable[[], None]  # kills every process the command started
+    stop: Callable[[subprocess.Popen], None]  # kills every process the command started; the caller reaps it
+    after_exit: Callable[[int, bool], None]  # (main pid, reaped yet): kills what outlived the main process
     counters: Callable[[], dict] | None = None  # cgroup counters, read before and after
     wrapped: bool = False  # bwrap reports a signal death as exit code 128 + signal
 
@@ -69,45 +75,23 @@ def run(launch: Launch, spec: SandboxSpec, stdin: bytes | None, timeout: float) 
     start = time.monotonic()
     proc = subprocess.Popen(launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=launch.env, cwd=launch.cwd, preexec_fn=launch.preexec, close_fds=True)
-    feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin or b""), daemon=True)
-    feeder.start()
-    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    sel = selectors.DefaultSelector()
-    for f in bufs:
-        os.set_blocking(f.fileno(), False)
-        sel.register(f, selectors.EVENT_READ)
-    deadline = start + timeout
-    hit, truncated = None, False
-    while sel.get_map():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            hit = "wall"
-            break
-        for key, _ in sel.select(timeout=min(left, 0.5)):
-            chunk = os.read(key.fd, 65536)
-            if not chunk:
-                sel.unregister(key.fileobj)
-                continue
-            buf = bufs[key.fileobj]
-            room = spec.output_bytes - len(buf)
-            buf += chunk[:max(0, room)]
-            if len(chunk) > room:
-                truncated = True
-        if truncated:
-            hit = "output"
-            break
+    try:
+        bufs, truncated, hit = _drain(proc, launch, spec, stdin, start + timeout)
+    except BaseException:  # a signal to the caller (KeyboardInterrupt, SystemExit): leave nothing running
+        launch.stop(proc)
+        proc.wait()
+        raise
     if hit:
-        launch.kill_all()
-    sel.close()
+        launch.stop(proc)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    launch.kill_all()  # daemons that outlived the main process
+    launch.after_exit(proc.pid, True)
     for f in bufs:
         f.close()
     wall = time.monotonic() - start
     code = proc.returncode
     sig = -code if code < 0 else None
-    if launch.wrapped and code is not None and 128 < code <= 128 + 64:
+    if launch.wrapped and 128 < code <= 128 + 64:
         sig = code - 128
     exit_code = None if sig else code
     after = launch.counters() if launch.counters else {}
@@ -119,6 +103,52 @@ def run(launch: Launch, spec: SandboxSpec, stdin: bytes | None, timeout: float) 
         hit = _classify(spec, sig, cpu, stderr, before, after)
     return ExecResult(exit_code, sig, bytes(bufs[proc.stdout]).decode("utf-8", "replace"), stderr.decode("utf-8", "replace"),
                       truncated, hit, wall, cpu, peak)
+
+
+def _drain(proc, launch: Launch, spec: SandboxSpec, stdin: bytes | None, deadline: float):
+    """Read both streams until they close or a limit is hit; returns (buffers, truncated, hit).
+    When the main process exits, what it left running is killed, so a daemon holding the
+    pipes open cannot keep the command going until the wall clock."""
+    feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin or b""), daemon=True)
+    feeder.start()
+    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    sel = selectors.DefaultSelector()
+    for f in bufs:
+        os.set_blocking(f.fileno(), False)
+        sel.register(f, selectors.EVENT_READ)
+    exited = procs.pidfd(proc.pid)
+    if exited is not None:
+        sel.register(exited, selectors.EVENT_READ)
+    hit, truncated, streams = None, False, 2
+    try:
+        while streams:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                hit = "wall"
+                break
+            for key, _ in sel.select(timeout=min(left, 0.5)):
+                if key.fileobj == exited:
+                    sel.unregister(exited)
+                    launch.after_exit(proc.pid, False)
+                    continue
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    streams -= 1
+                    continue
+                buf = bufs[key.fileobj]
+                room = spec.output_bytes - len(buf)
+                buf += chunk[:max(0, room)]
+                if len(chunk) > room:
+                    truncated = True
+            if truncated:
+                hit = "output"
+                break
+    finally:
+        sel.close()
+        if exited is not None:
+            os.close(exited)
+    return bufs, truncated, hit
 
 
 def _classify(spec: SandboxSpec, sig: int | None, cpu: float, stderr: bytes, before: dict, after: dict):

@@ -4,6 +4,8 @@ Backends: `bwrap` (namespaces, read-only system, private size-capped workdir, cg
 an unprivileged uid) and `process` (rlimits only, for machines without bubblewrap; it is not
 an isolation boundary and says so). The file API resolves every path beneath the workdir and
 refuses symlinks that leave it. `close()` is idempotent and leaves no process behind.
+Processes are stopped through the pid namespace (bwrap) or the process group and uid
+(process), with cgroups where writable and without them where not.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import itertools
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from longhaul.errors import LonghaulError
 from longhaul.sandbox import bwrap as bw
+from longhaul.sandbox import procs
 from longhaul.sandbox.audit import AuditLog
 from longhaul.sandbox.cgroup import CGroup
 from longhaul.sandbox.runner import Launch, rlimit_preexec, run
@@ -94,10 +98,56 @@ class Sandbox:
         work = str(self.workdir / cwd.removeprefix("/work").lstrip("/")) if cwd else str(self.workdir)
         return {"args": argv, "env": env, "cwd": work, "preexec_fn": preexec}
 
+    def kill_tree(self, proc: subprocess.Popen) -> None:
+        """Kill every process that `proc` (started from `spawn_args`) started, then `proc`; the caller reaps `proc`.
+        bwrap: kill the sandbox's pid 1, so the kernel kills the rest of its namespace, and let
+        bubblewrap reap it and exit (killing bubblewrap first would orphan pid 1 as a zombie).
+        process: stop and kill the process tree and group, then what runs as the sandbox's uid."""
+        if proc.returncode is not None:  # reaped already: its pid may name another process by now
+            self._after_exit(proc.pid, reaped=True)
+            return
+        if self.backend == "bwrap":
+            if procs.wait_exit(proc.pid, 0):  # bubblewrap exits only once its pid 1, and so its namespace, is gone
+                pass
+            elif (init := procs.ns_init(proc.pid)) is not None:
+                procs.kill_child_of(proc.pid, init)
+                if not procs.wait_exit(proc.pid, 5.0):
+                    procs.kill_pids([proc.pid])
+            else:  # still setting up: its child, if cloned as it dies, is found by its uid
+                procs.kill_pids([proc.pid])
+                procs.wait_exit(proc.pid, 5.0)
+                if self.uid is not None:
+                    procs.reap(p for p in procs.kill_uid(self.uid) if p != proc.pid)
+        else:
+            tree = [proc.pid, *procs.descendants(proc.pid)]
+            for sig in (signal.SIGSTOP, signal.SIGKILL):  # stopped first: none acts on another's death
+                procs.kill_pids(tree, sig)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            procs.reap(tree[1:])
+        self._after_exit(proc.pid, reaped=False)
+
+    def _after_exit(self, main: int, reaped: bool = True) -> None:
+        """Kill what a command left running once its main process `main` has exited."""
+        killed = []
+        if self.backend == "process":
+            if not reaped:  # until `main` is reaped its pid, and so its group's, cannot be reused
+                try:
+                    os.killpg(main, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if self.uid is not None:
+                killed += procs.kill_uid(self.uid)
+        if self.cgroup:
+            killed += self.cgroup.kill_all()
+        procs.reap(p for p in killed if p != main)
+
     def _launch(self, argv: list[str], cwd: str | None) -> Launch:
         a = self.spawn_args(argv, cwd)
         cg = self.cgroup
-        return Launch(a["args"], a["env"], a["cwd"], a["preexec_fn"], cg.kill_all if cg else (lambda: None),
+        return Launch(a["args"], a["env"], a["cwd"], a["preexec_fn"], self.kill_tree, self._after_exit,
                       cg.counters if cg else None, wrapped=self.backend == "bwrap")
 
     def _refuse(self, argv: list[str]) -> str | None:
@@ -228,6 +278,8 @@ class Sandbox:
             s.close()
         if self.cgroup:
             self.cgroup.remove()
+        if self.backend == "process" and self.uid is not None:
+            procs.reap(procs.kill_uid(self.uid))
         if self._mounted:
             subprocess.run(["umount", "-l", str(self.workdir)], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
