@@ -1,8 +1,11 @@
 """Spawn one command under limits, drain its output without ever blocking on a full pipe,
-enforce the wall clock and the output cap, and classify which limit (if any) stopped it.
+enforce the wall clock and the output cap, and say which limit (if any) stopped it.
 
 The watchdog needs no cgroups: `Launch.stop` kills the whole tree by means the backend owns
-(the pid namespace's init for bubblewrap).
+(the pid namespace's init for bubblewrap). Which limit was hit is read only from facts the
+program cannot forge: the watchdog's and the output cap's own records, the signal that ended
+the command, cgroup counters, and a full workdir; never from what the program printed. A
+command that exits 0 has no limit hit unless the runner itself stopped it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from longhaul.sandbox import procs
-from longhaul.sandbox.spec import ExecResult, SandboxSpec
+from longhaul.sandbox.spec import ExecResult, LimitHit, SandboxSpec
 
 
 @dataclass
@@ -31,6 +34,7 @@ class Launch:
     after_exit: Callable[[int, bool], None]  # (main pid, reaped yet): kills what outlived the main process
     counters: Callable[[], dict] | None = None  # cgroup counters, read before and after
     wrapped: bool = False  # bwrap reports a signal death as exit code 128 + signal
+    disk_full: Callable[[], bool] = lambda: False  # the workdir has no space or inodes left
 
 
 def rlimit_preexec(spec: SandboxSpec, uid: int | None, use_cgroup_limits: bool, join: Callable[[], None] | None):
@@ -98,11 +102,10 @@ def run(launch: Launch, spec: SandboxSpec, stdin: bytes | None, timeout: float) 
     # bwrap's own rusage misses processes reaped inside its pid namespace; the cgroup sees all
     cpu = (after["cpu_ns"] - before["cpu_ns"]) / 1e9 if "cpu_ns" in after else usage.ru_utime + usage.ru_stime
     peak = after.get("peak") or usage.ru_maxrss * 1024
-    stderr = bytes(bufs[proc.stderr])
     if hit is None:
-        hit = _classify(spec, sig, cpu, stderr, before, after)
-    return ExecResult(exit_code, sig, bytes(bufs[proc.stdout]).decode("utf-8", "replace"), stderr.decode("utf-8", "replace"),
-                      truncated, hit, wall, cpu, peak)
+        hit = classify(spec, exit_code, sig, cpu, before, after, launch.disk_full)
+    return ExecResult(exit_code, sig, bytes(bufs[proc.stdout]).decode("utf-8", "replace"),
+                      bytes(bufs[proc.stderr]).decode("utf-8", "replace"), truncated, hit, wall, cpu, peak)
 
 
 def _drain(proc, launch: Launch, spec: SandboxSpec, stdin: bytes | None, deadline: float):
@@ -151,19 +154,19 @@ def _drain(proc, launch: Launch, spec: SandboxSpec, stdin: bytes | None, deadlin
     return bufs, truncated, hit
 
 
-def _classify(spec: SandboxSpec, sig: int | None, cpu: float, stderr: bytes, before: dict, after: dict):
+def classify(spec: SandboxSpec, exit_code: int | None, sig: int | None, cpu: float, before: dict, after: dict,
+             disk_full: Callable[[], bool] = lambda: False) -> LimitHit | None:
+    """The limit that ended a command the runner did not stop itself, from kernel facts only."""
+    if exit_code == 0:
+        return None
     if after.get("oom_kill", 0) > before.get("oom_kill", 0):
         return "memory"
     if after.get("pids_max", 0) > before.get("pids_max", 0):
         return "pids"
     if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= spec.cpu_s * 0.95):
         return "cpu"
-    if sig == signal.SIGXFSZ or b"File too large" in stderr or b"No space left on device" in stderr:
+    if sig == signal.SIGXFSZ or disk_full():
         return "fsize"
     if sig == signal.SIGKILL and after.get("mem_fail", 0) > before.get("mem_fail", 0):
         return "memory"
-    if b"MemoryError" in stderr or b"Cannot allocate memory" in stderr:
-        return "memory"  # the rlimit fallback: allocation refused rather than OOM-killed
-    if b"Resource temporarily unavailable" in stderr or b"Cannot fork" in stderr or b"fork: retry" in stderr:
-        return "pids"
     return None

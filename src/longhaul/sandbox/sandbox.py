@@ -144,11 +144,19 @@ class Sandbox:
             killed += self.cgroup.kill_all()
         procs.reap(p for p in killed if p != main)
 
+    def disk_full(self) -> bool:
+        """Whether the workdir tmpfs has no space or no inodes left: a kernel fact, unlike the text
+        a program prints about it."""
+        if not self._mounted:
+            return False
+        st = os.statvfs(self.workdir)
+        return st.f_bavail == 0 or st.f_favail == 0
+
     def _launch(self, argv: list[str], cwd: str | None) -> Launch:
         a = self.spawn_args(argv, cwd)
         cg = self.cgroup
         return Launch(a["args"], a["env"], a["cwd"], a["preexec_fn"], self.kill_tree, self._after_exit,
-                      cg.counters if cg else None, wrapped=self.backend == "bwrap")
+                      cg.counters if cg else None, wrapped=self.backend == "bwrap", disk_full=self.disk_full)
 
     def _refuse(self, argv: list[str]) -> str | None:
         allow = self.spec.allow_commands

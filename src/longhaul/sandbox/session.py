@@ -109,7 +109,7 @@ class Session:
         truncated = len(head) > cap or len(err) > cap
         sig = code - 128 if code and code > 128 else None
         return ExecResult(None if sig else code, sig, head[:cap].decode("utf-8", "replace"), err[:cap].decode("utf-8", "replace"),
-                          truncated, hit or ("output" if truncated else None), time.monotonic() - start, 0.0, 0)
+                          truncated, hit, time.monotonic() - start, 0.0, 0)  # output over the cap is cut, not stopped
 
     def close(self) -> None:
         if self._closed:
