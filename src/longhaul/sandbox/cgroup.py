@@ -1,7 +1,9 @@
 """Per-sandbox memory and pids cgroups, v2 or v1, when this machine lets us write them.
 
 `CGroup.create()` returns None where cgroups are not writable (not root, read-only mount,
-no controllers): the sandbox then falls back to rlimits and says so.
+no controllers): the sandbox then falls back to rlimits and says so. A cgroup's name carries
+its owner (`longhaul-<pid>.<start time>-<hex>`), so `sweep()` can remove those a killed
+caller left behind, and only those.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class CGroup:
 
     @classmethod
     def create(cls, memory_bytes: int, pids: int) -> "CGroup | None":
-        name = f"longhaul-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        name = f"longhaul-{procs.owner_token()}-{uuid.uuid4().hex[:8]}"
         try:
             if (ROOT / "cgroup.controllers").is_file():  # v2
                 parent = ROOT / "longhaul"
@@ -146,3 +148,23 @@ def _rmdir(d: Path) -> None:
                 return
             time.sleep(0.01)  # busy until the last task is gone
 
+
+def sweep() -> None:
+    """Remove the cgroups of sandboxes whose owner process has died (killing what is still in
+    them); cgroups of live owners, and names that are not ours, are left alone."""
+    parents = [ROOT / "longhaul"] if (ROOT / "cgroup.controllers").is_file() else [ROOT / c for c in ("memory", "pids", "cpuacct")]
+    for parent in parents:
+        if not os.access(parent, os.W_OK):
+            continue
+        try:
+            names = [n for n in os.listdir(parent) if n.startswith("longhaul-")]
+        except OSError:
+            continue
+        for name in names:
+            owner = name.split("-")[1]
+            if procs.owner_alive(owner):
+                continue
+            d = parent / name
+            stale = CGroup({"memory": d, "pids": d}, 2 if parent.name == "longhaul" else 1)
+            procs.reap(stale.kill_all())
+            _rmdir(d)

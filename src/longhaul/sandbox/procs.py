@@ -1,5 +1,6 @@
-"""Host processes as the sandbox sees them: parent links read from /proc, the sandbox's
-pid-namespace init, and killing and reaping without cgroups.
+"""Host processes as the sandbox sees them: parent links read from /proc, who owns a
+leftover (a pid and its start time, so a reused pid is not mistaken for its owner), the
+sandbox's pid-namespace init, and killing and reaping without cgroups.
 
 Everything here reads /proc and sends signals; it never waits on a pid it did not start
 or just kill (`reap`), so callers' own subprocesses keep their exit statuses.
@@ -46,6 +47,34 @@ def descendants(pid: int) -> list[int]:
             out.append(k)
             todo.append(k)
     return out
+
+
+def _pid_ns() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+def owner_token(pid: int | None = None) -> str:
+    """`<pid>.<start time>.<pid namespace>`: names this process in leftovers' names until it
+    exits, even once its pid is reused or seen from another pid namespace sharing /tmp."""
+    pid = pid or os.getpid()
+    f = _stat_fields(pid)
+    return f"{pid}.{f[19]}.{_pid_ns()}" if f else str(pid)
+
+
+def owner_alive(token: str) -> bool:
+    """Whether the process a token names still runs. A bare pid (no start time) is alive while
+    any process has it; an owner in another pid namespace, or a token we cannot read, counts as alive."""
+    pid, _, rest = token.partition(".")
+    start, _, ns = rest.partition(".")
+    if not pid.isdigit() or (ns and ns != _pid_ns()):
+        return True
+    f = _stat_fields(int(pid))
+    if f is None or f[0] in ("Z", "X"):
+        return False
+    return not start or f[19] == start
 
 
 def pidfd(pid: int) -> int | None:

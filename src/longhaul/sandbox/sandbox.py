@@ -25,7 +25,7 @@ from pathlib import Path
 
 from longhaul.errors import LonghaulError
 from longhaul.sandbox import bwrap as bw
-from longhaul.sandbox import procs
+from longhaul.sandbox import leftovers, procs
 from longhaul.sandbox.audit import AuditLog
 from longhaul.sandbox.cgroup import CGroup
 from longhaul.sandbox.runner import Launch, rlimit_preexec, run
@@ -68,7 +68,8 @@ class Sandbox:
             bw.bwrap_path()
         self.id = uuid.uuid4().hex[:12]
         self.audit = audit if isinstance(audit, AuditLog) else AuditLog(audit)
-        self.root = Path(tempfile.mkdtemp(prefix=f"longhaul-sbx-{self.id}-"))
+        leftovers.sweep_now_and_then()
+        self.root = Path(tempfile.mkdtemp(prefix=leftovers.root_prefix(self.id)))
         self.workdir = self.root / "work"
         self.workdir.mkdir()
         self._mounted = False
