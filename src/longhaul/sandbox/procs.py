@@ -165,6 +165,22 @@ def uid_pids(uid: int) -> list[int]:
     return out
 
 
+def uids_in_use() -> set[int]:
+    """Real uids of every running process."""
+    out = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/status") as f:
+                    for line in f:
+                        if line.startswith("Uid:"):
+                            out.add(int(line.split()[1]))
+                            break
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
 def kill_uid(uid: int) -> list[int]:
     """SIGKILL every process running as `uid` until none is left (a fork bomb refills between
     passes); returns what was killed, for `reap`."""

@@ -1,17 +1,20 @@
 """`Sandbox`: one isolated workdir and the commands run in it.
 
-Backends: `bwrap` (namespaces, read-only system, private size-capped workdir, cgroup limits,
+Backends: `bwrap` (namespaces, read-only root, size-capped writable mounts, cgroup limits,
 an unprivileged uid) and `process` (rlimits only, for machines without bubblewrap; it is not
 an isolation boundary and says so). The file API resolves every path beneath the workdir and
 refuses symlinks that leave it. `close()` is idempotent and leaves no process behind.
-Processes are stopped through the pid namespace (bwrap) or the process group and uid
-(process), with cgroups where writable and without them where not.
+
+As root each sandbox gets a host uid of its own (`UidClaim`) and its workdir is a tmpfs of
+`disk_bytes` mounted on the host; as another user the workdir is a plain host directory, so
+only `fsize_bytes` bounds each file written there. Processes are stopped through the pid
+namespace (bwrap) or the process group and uid (process), with cgroups where writable and
+without them where not.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 import shutil
 import signal
@@ -30,9 +33,7 @@ from longhaul.sandbox.audit import AuditLog
 from longhaul.sandbox.cgroup import CGroup
 from longhaul.sandbox.runner import Launch, rlimit_preexec, run
 from longhaul.sandbox.spec import ExecResult, SandboxSpec
-
-_UIDS = itertools.count()
-UID_BASE = 61000  # host uids for sandboxes when we are root (one per sandbox, so RLIMIT_NPROC is per sandbox)
+from longhaul.sandbox.uids import UidClaim
 
 
 class SandboxError(LonghaulError):
@@ -68,23 +69,32 @@ class Sandbox:
             bw.bwrap_path()
         self.id = uuid.uuid4().hex[:12]
         self.audit = audit if isinstance(audit, AuditLog) else AuditLog(audit)
+        self._closed = True  # until the root exists, close() has nothing to undo
+        self._claim, self.uid, self.cgroup, self._mounted = None, None, None, False
+        self._snapshots: dict[str, Path] = {}
+        self._sessions: list = []
         leftovers.sweep_now_and_then()
-        self.root = Path(tempfile.mkdtemp(prefix=leftovers.root_prefix(self.id)))
+        self._claim = UidClaim.acquire() if os.geteuid() == 0 else None
+        try:
+            self.root = Path(tempfile.mkdtemp(prefix=leftovers.root_prefix(self.id)))
+        except BaseException:
+            if self._claim:
+                self._claim.release()
+            raise
+        self._closed = False
+        self.uid = self._claim.uid if self._claim else None
         self.workdir = self.root / "work"
         self.workdir.mkdir()
-        self._mounted = False
-        self.uid = None
-        if os.geteuid() == 0:
-            self.uid = UID_BASE + (os.getpid() * 7 + next(_UIDS)) % 4000
+        if self.uid is not None:
             self._mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.spec.disk_bytes},mode=0755,nosuid,nodev",
                                             "tmpfs", str(self.workdir)], capture_output=True).returncode == 0
+            if not self._mounted:
+                warnings.warn(f"could not mount a tmpfs on {self.workdir}: the workdir's size is not capped "
+                              f"(only each file, by fsize_bytes)", RuntimeWarning, stacklevel=2)
             os.chown(self.workdir, self.uid, self.uid)
             os.chmod(self.root, 0o755)
         self.etc = bw.write_etc(self.root)
         self.cgroup = CGroup.create(self.spec.memory_bytes, self.spec.pids)
-        self._snapshots: dict[str, Path] = {}
-        self._closed = False
-        self._sessions: list = []
 
     # ---- commands -------------------------------------------------------------------
     def spawn_args(self, argv: list[str], cwd: str | None = None) -> dict:
@@ -292,6 +302,8 @@ class Sandbox:
         if self._mounted:
             subprocess.run(["umount", "-l", str(self.workdir)], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
+        if self._claim:
+            self._claim.release()
 
     def __enter__(self):
         return self
