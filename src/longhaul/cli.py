@@ -352,7 +352,7 @@ def sandbox_run(
     mem: int = typer.Option(512, "--mem", help="memory, MB"),
     pids: int = typer.Option(64, "--pids", help="processes"),
     fsize: int = typer.Option(64, "--fsize", help="largest file, MB"),
-    disk: int = typer.Option(256, "--disk", help="workdir tmpfs size, MB"),
+    disk: int = typer.Option(256, "--disk", help="size of each writable mount (/work, /tmp, /dev/shm), MB"),
     net: str = typer.Option("none", "--net", help="none or loopback (both private to the sandbox)"),
     allow: Optional[list[str]] = typer.Option(None, "--allow", help="allowed command (repeatable); default any"),
     backend: Optional[str] = typer.Option(None, "--backend", help="bwrap (default) or process (no isolation)"),
