@@ -109,6 +109,18 @@ def host_pids(text: str) -> list[int]:
     return [int(p) for p in out if int(p) != os.getpid()]
 
 
+def running(*argv: str) -> list[int]:
+    """Processes whose command line is exactly `argv` (pgrep -f also matches callers naming it)."""
+    want, out = "\0".join(argv).encode() + b"\0", []
+    for p in os.listdir("/proc"):
+        try:
+            if p.isdigit() and Path(f"/proc/{p}/cmdline").read_bytes() == want:
+                out.append(int(p))
+        except OSError:
+            pass
+    return out
+
+
 def children(pid: int) -> list[int]:
     out = []
     for p in os.listdir("/proc"):

@@ -1,5 +1,6 @@
-"""A killed caller leaves nothing running, and the next start removes its root directory,
-workdir mount and cgroups, only once their owner is dead; SIGTERM to the CLI cleans up at once."""
+"""A killed caller leaves nothing running (the process backend: nothing once the next sandbox
+starts), and the next start removes its root directory, workdir mount, cgroups and uid claim,
+only once their owner is dead; SIGTERM to the CLI cleans up at once."""
 
 import os
 import shutil
@@ -33,6 +34,23 @@ def test_a_killed_caller_leaves_nothing_after_the_next_start(mode):
     assert not root.exists()
     for cg in cgroups:  # /longhaul-<owner>-<id> in each v1 hierarchy, or /longhaul/longhaul-<owner>-<id> (v2)
         assert not list(Path("/sys/fs/cgroup").glob(f"*{cg}")) and not Path(f"/sys/fs/cgroup{cg}").exists(), cg
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the process backend's processes are named by a uid claim only as root")
+@pytest.mark.parametrize("mode", ["cgroups", "no-cgroups"])
+def test_a_killed_callers_process_backend_daemons_are_killed_by_the_next_start(mode):
+    # no namespace dies with the caller here: its cgroup, or else its released uid claim, names what is left
+    cli = modes.popen_cli(mode, "--backend", "process", "--wall", "600", "--", "sh", "-c", "(setsid sleep 5151.25 &); sleep 5151.5")
+    daemons = lambda: modes.running("sleep", "5151.25") + modes.running("sleep", "5151.5")  # noqa: E731
+    try:
+        wait_until(lambda: len(daemons()) == 2, what="both sleeps to start")
+        cli.send_signal(signal.SIGKILL)
+        cli.wait()
+    finally:
+        cli.kill()
+    assert len(daemons()) == 2  # the process backend's daemons outlive a killed caller ...
+    assert modes.cli_json(mode, "--", "true")["exit_code"] == 0
+    wait_until(lambda: not daemons(), what="the next start to kill them")  # ... until the next start
 
 
 def test_the_sweep_spares_live_owners_and_foreign_names(tmp_path):

@@ -4,7 +4,8 @@ A caller killed with SIGKILL runs no cleanup: its sandboxes' processes die with 
 parent-death signal, then the pid namespace), but their root directories (with the workdir
 tmpfs still mounted) and cgroup directories stay. Each carries its owner's `pid.start-time` in
 its name; `sweep` removes those whose owner is dead, and never one whose owner lives or whose
-name does not say (directories of older versions, another user's).
+name does not say (directories of older versions, another user's). Processes of the `process`
+backend have no namespace to die with: a dead holder's uid claim (root) or cgroup names them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from longhaul.sandbox import cgroup, procs
+from longhaul.sandbox import cgroup, procs, uids
 
 PREFIX = "longhaul-sbx-"
 EVERY_S = 60.0  # a long-lived caller (a server) sweeps again after this long
@@ -65,6 +66,8 @@ def sweep(tmp: str | None = None) -> None:
             continue
         remove_root(Path(e.path))
     cgroup.sweep()
+    if me == 0:
+        uids.sweep_stale()
 
 
 def sweep_now_and_then() -> None:

@@ -54,3 +54,26 @@ class UidClaim:
             pass
         os.close(self._fd)
         self._fd = -1
+
+
+def sweep_stale(claims: Path = CLAIMS) -> None:
+    """Kill what runs as the uid of every claim whose holder has died, then remove the claim."""
+    try:
+        names = [n for n in os.listdir(claims) if n.isdigit()]
+    except OSError:
+        return
+    for name in names:
+        path = claims / name
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: its holder lives
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                procs.reap(procs.kill_uid(int(name)))
+                path.unlink()
+        except (BlockingIOError, FileNotFoundError):
+            pass
+        finally:
+            os.close(fd)
