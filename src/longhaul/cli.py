@@ -352,7 +352,7 @@ def sandbox_run(
     mem: int = typer.Option(512, "--mem", help="memory, MB"),
     pids: int = typer.Option(64, "--pids", help="processes"),
     fsize: int = typer.Option(64, "--fsize", help="largest file, MB"),
-    disk: int = typer.Option(256, "--disk", help="workdir tmpfs size, MB"),
+    disk: int = typer.Option(256, "--disk", help="size of each writable mount (/work, /tmp, /dev/shm), MB"),
     net: str = typer.Option("none", "--net", help="none or loopback (both private to the sandbox)"),
     allow: Optional[list[str]] = typer.Option(None, "--allow", help="allowed command (repeatable); default any"),
     backend: Optional[str] = typer.Option(None, "--backend", help="bwrap (default) or process (no isolation)"),
@@ -369,6 +369,7 @@ def sandbox_run(
                            disk_bytes=disk << 20, network=net, allow_commands=tuple(allow) if allow else None)
     except ValueError as e:
         raise LonghaulError(f"{e}; fix the option") from e
+    _exit_on_signals()  # so a terminated CLI still stops its sandbox and removes it
     with Sandbox(spec, backend=backend, audit=audit) as sb:
         res = sb.exec(command)
     if json_out:
@@ -380,6 +381,18 @@ def sandbox_run(
             print(f"longhaul sandbox: stopped by the {res.limit_hit} limit", file=sys.stderr)
     code = res.exit_code if res.exit_code is not None else 128 + (res.signal or 9)
     raise typer.Exit(code)
+
+
+def _exit_on_signals() -> None:
+    """SIGTERM and SIGHUP end the command as an exception would, running its cleanup."""
+    import signal
+    import threading
+
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, leave)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -45,3 +45,14 @@ def test_humaneval_is_evaluation_only():
 
     with pytest.raises(ValueError, match="evaluation only"):
         get_family("humaneval").make_split("train", 1)
+
+
+def test_a_correct_reply_that_prints_limit_messages_still_scores():
+    # what a program prints is not a kernel fact: a reference that also prints the texts the sandbox
+    # once read as limits (MemoryError, ENOSPC, EFBIG) passes; the same reply that then fails, fails
+    fam = get_family("funcgen")
+    task = make_task(3)
+    say = "import sys\nprint('MemoryError')\nsys.stderr.write('MemoryError\\nNo space left on device\\nFile too large\\n')\n"
+    replies = [f"```python\n{task.reference}\n{say}```", f"```python\n{task.reference}\n{say}raise SystemExit(1)\n```"]
+    scores = fam.score_many([task] * 2, replies, timeout_s=60.0)
+    assert [s.status for s in scores] == ["pass", "fail"]

@@ -144,6 +144,15 @@ def test_verify_reports_syntax_and_timeouts(env):
     assert env.verify().status == "timeout"
 
 
+def test_verify_scores_the_exit_status_not_what_the_check_prints(env):
+    # a checker whose output contains the texts the sandbox once read as limits still passes on exit 0
+    say = "import sys; print('MemoryError'); sys.stderr.write('MemoryError No space left on device File too large')"
+    env.reset(task(verify_command=f'python3 -c "{say}"'))
+    assert env.verify().status == "pass"
+    env.reset(task(verify_command=f'python3 -c "{say}; raise SystemExit(1)"'))
+    assert env.verify().status == "fail"
+
+
 def test_tests_cannot_be_gamed_with_a_conftest_when_the_task_says_so(env):
     # the hidden command decides what it trusts; bugfix runs pytest with --noconftest and its own ini
     cmd = f"python3 -m pytest -q --noconftest -c {HIDDEN_DIR}/pytest.ini -p no:cacheprovider {HIDDEN_DIR}"

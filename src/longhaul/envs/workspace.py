@@ -201,13 +201,17 @@ class WorkspaceEnv:
             # inside the checker (a task that needs installed packages enables it in a child process).
             cmd = "export PYTHONNOUSERSITE=1\n" + (_COMPILE_CHECK if task.check_python else "") + task.verify_command
             r = fresh.exec(["bash", "-c", cmd], timeout=task.verify_timeout_s)
+        # the exit status decides; a limit only says why a failed check failed (the sandbox
+        # reports none for a check that exits 0, whatever its output says)
+        if r.ok:
+            return Score(1.0, True, "pass")
         if r.limit_hit in ("wall", "cpu"):
             return Score(0.0, False, "timeout")
         if r.limit_hit:
             return Score(0.0, False, "limit")
         if r.exit_code == 3 and "does not compile:" in r.stdout:
             return Score(0.0, False, "syntax")
-        return Score(1.0, True, "pass") if r.exit_code == 0 else Score(0.0, False, "fail")
+        return Score(0.0, False, "fail")
 
     def close(self) -> None:
         if self.session is not None:
@@ -292,6 +296,8 @@ class WorkspaceEnv:
         elif r.limit_hit == "output":
             parts.append("[stopped: the command printed too much output]")
         else:
+            if r.truncated:
+                parts.append("[output cut at the sandbox's limit]")
             parts.append(f"[exit code {r.exit_code if r.exit_code is not None else 128 + (r.signal or 0)}]")
         return "\n".join(parts)
 

@@ -1,6 +1,12 @@
 """The bubblewrap command line for one sandbox: new user, pid, net, ipc, uts, mount and
 cgroup namespaces; system paths read-only; a private workdir; nothing of the host's home,
-secrets or environment."""
+secrets or environment.
+
+The root and /dev are read-only: the only writable mounts are /work, /tmp and /dev/shm, each
+a tmpfs of `disk_bytes` (so what a program can store is bounded with or without cgroups;
+/work is the host's tmpfs when we are root, see `Sandbox`). The command runs as the
+namespace's pid 1: when it exits, or is killed, the kernel kills everything else inside.
+"""
 
 from __future__ import annotations
 
@@ -97,7 +103,10 @@ def bwrap_argv(spec: SandboxSpec, workdir: Path, etc: Path, argv: list[str], cwd
     a += ["--proc", "/proc", "--dev", "/dev",
           "--size", str(spec.disk_bytes), "--tmpfs", "/tmp",
           "--size", str(spec.disk_bytes), "--tmpfs", "/dev/shm",
-          "--bind", str(workdir), "/work", "--chdir", cwd, "--clearenv"]
+          "--remount-ro", "/dev",  # device nodes stay usable; no files beside them
+          "--bind", str(workdir), "/work",
+          "--remount-ro", "/",  # last: every mount point above is made on the root tmpfs first
+          "--chdir", cwd, "--clearenv"]
     for k, v in sandbox_env(spec).items():
         a += ["--setenv", k, v]
     return a + ["--", *argv]

@@ -1,16 +1,20 @@
 """Per-sandbox memory and pids cgroups, v2 or v1, when this machine lets us write them.
 
 `CGroup.create()` returns None where cgroups are not writable (not root, read-only mount,
-no controllers): the sandbox then falls back to rlimits and says so.
+no controllers): the sandbox then falls back to rlimits and says so. A cgroup's name carries
+its owner (`longhaul-<pid>.<start time>-<hex>`), so `sweep()` can remove those a killed
+caller left behind, and only those.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import signal
 import time
 import uuid
 from pathlib import Path
+
+from longhaul.sandbox import procs
 
 ROOT = Path("/sys/fs/cgroup")
 
@@ -38,7 +42,7 @@ class CGroup:
 
     @classmethod
     def create(cls, memory_bytes: int, pids: int) -> "CGroup | None":
-        name = f"longhaul-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        name = f"longhaul-{procs.owner_token()}-{uuid.uuid4().hex[:8]}"
         try:
             if (ROOT / "cgroup.controllers").is_file():  # v2
                 parent = ROOT / "longhaul"
@@ -111,29 +115,56 @@ class CGroup:
             except OSError:
                 pass
 
-    def kill_all(self) -> None:
+    def kill_all(self) -> list[int]:
+        """SIGKILL every task until none is left; returns what was killed, for `procs.reap`."""
+        killed: set[int] = set()
         for _ in range(50):
             pids = self.pids()
             if not pids:
-                return
+                break
+            killed.update(pids)
             if self.version == 2 and (self.dirs["pids"] / "cgroup.kill").exists():
                 _write(self.dirs["pids"] / "cgroup.kill", 1)
             else:
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                procs.kill_pids(pids)
             time.sleep(0.01)
+        return sorted(killed)
 
     def remove(self) -> None:
-        self.kill_all()
+        procs.reap(self.kill_all())
         for d in {id(d): d for d in self.dirs.values()}.values():
-            for _ in range(100):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:  # busy until the last task is reaped
-                    time.sleep(0.01)
+            _rmdir(d)
+
+
+def _rmdir(d: Path) -> None:
+    for _ in range(100):
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY:  # not ours to remove
+                return
+            time.sleep(0.01)  # busy until the last task is gone
+
+
+def sweep() -> None:
+    """Remove the cgroups of sandboxes whose owner process has died (killing what is still in
+    them); cgroups of live owners, and names that are not ours, are left alone."""
+    parents = [ROOT / "longhaul"] if (ROOT / "cgroup.controllers").is_file() else [ROOT / c for c in ("memory", "pids", "cpuacct")]
+    for parent in parents:
+        if not os.access(parent, os.W_OK):
+            continue
+        try:
+            names = [n for n in os.listdir(parent) if n.startswith("longhaul-")]
+        except OSError:
+            continue
+        for name in names:
+            owner = name.split("-")[1]
+            if procs.owner_alive(owner):
+                continue
+            d = parent / name
+            stale = CGroup({"memory": d, "pids": d}, 2 if parent.name == "longhaul" else 1)
+            procs.reap(stale.kill_all())
+            _rmdir(d)

@@ -4,6 +4,8 @@ per check, so a HumanEval-sized check costs a fork, not an interpreter start-up.
 Each check runs in a fresh forked child (own process group, CPU rlimit, alarm for the wall
 clock, output to private files capped by RLIMIT_FSIZE), so checks do not see each other's
 state. The server itself is untrusted-code-adjacent: it runs in the sandbox, under its cgroup.
+A check's limit is read from its wait status and the cgroup's counters, never from its output;
+a check that exits 0 has none.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class PythonChecker:
         self.sandbox = Sandbox(spec, backend, audit)
         self._lock = threading.Lock()
         self._proc = None
+        self._timed_out = False  # set by the read timer when it kills the server
         self._start()
 
     def _start(self) -> None:
@@ -94,12 +97,14 @@ class PythonChecker:
                                       **self.sandbox.spawn_args(["python3", "-I", "-c", SERVER]))
 
     def check(self, code: str, timeout: float = 5.0) -> ExecResult:
-        req = json.dumps({"code": code, "timeout": timeout, "cpu": min(timeout, self.sandbox.spec.cpu_s),
+        cpu = min(timeout, self.sandbox.spec.cpu_s)
+        req = json.dumps({"code": code, "timeout": timeout, "cpu": cpu,
                           "cap": self.sandbox.spec.output_bytes}).encode()
         started = time.time()
         with self._lock:
             t0 = time.monotonic()
             before = self.sandbox.cgroup.counters() if self.sandbox.cgroup else {}
+            self._timed_out = False
             try:
                 self._proc.stdin.write(struct.pack(">I", len(req)) + req)
                 self._proc.stdin.flush()
@@ -108,16 +113,20 @@ class PythonChecker:
             except (OSError, TimeoutError, struct.error, ValueError):
                 self._restart()  # the server died (OOM, pids) or hung: start a fresh one
                 after = self.sandbox.cgroup.counters() if self.sandbox.cgroup else {}
-                hit = "memory" if after.get("oom_kill", 0) > before.get("oom_kill", 0) else "wall"
+                hit = _lost(before, after, self._timed_out)
                 return ExecResult(None, 9, "", "check server lost\n", False, hit, time.monotonic() - t0, 0.0, 0)
         after = self.sandbox.cgroup.counters() if self.sandbox.cgroup else {}
-        result = _result(res, timeout, before, after)
+        result = _result(res, cpu, before, after)
         self.sandbox.audit.record(self.sandbox.id, ["python-check"], self.sandbox.spec.limits(), code.encode(), result, started)
         return result
 
     def _read(self, n: int, timeout: float) -> bytes:
-        out = self._proc.stdout
-        timer = threading.Timer(timeout, self._proc.kill)
+        out, proc = self._proc.stdout, self._proc
+
+        def expire():
+            self._timed_out = True
+            self.sandbox.kill_tree(proc)
+        timer = threading.Timer(timeout, expire)
         timer.start()
         try:
             data = out.read(n)
@@ -128,15 +137,13 @@ class PythonChecker:
         return data
 
     def _restart(self) -> None:
-        self._proc.kill()
+        self.sandbox.kill_tree(self._proc)
         self._proc.wait()
-        if self.sandbox.cgroup:
-            self.sandbox.cgroup.kill_all()
         self._start()
 
     def close(self) -> None:
         if self._proc is not None:
-            self._proc.kill()
+            self.sandbox.kill_tree(self._proc)
             self._proc.wait()
             for f in (self._proc.stdin, self._proc.stdout):
                 try:
@@ -153,23 +160,34 @@ class PythonChecker:
         self.close()
 
 
-def _result(res: dict, timeout: float, before: dict, after: dict) -> ExecResult:
+def _lost(before: dict, after: dict, timed_out: bool) -> str | None:
+    """Why the server died under a check: the OOM killer, our own timer, a refused fork, or unknown."""
+    if after.get("oom_kill", 0) > before.get("oom_kill", 0):
+        return "memory"
+    if timed_out:
+        return "wall"
+    if after.get("pids_max", 0) > before.get("pids_max", 0):
+        return "pids"
+    return None
+
+
+def _result(res: dict, cpu_s: float, before: dict, after: dict) -> ExecResult:
     status = res["status"]
     code = os.waitstatus_to_exitcode(status)
     sig = -code if code < 0 else None
     hit = None
-    if after.get("oom_kill", 0) > before.get("oom_kill", 0) or "MemoryError" in res["err"]:
+    if code == 0:
+        pass
+    elif after.get("oom_kill", 0) > before.get("oom_kill", 0):
         hit = "memory"
-    elif sig == sg.SIGALRM:
+    elif sig == sg.SIGALRM:  # the server's alarm: its wall clock
         hit = "wall"
-    elif sig in (sg.SIGXCPU, sg.SIGKILL) and res["cpu"] >= 0.9 * timeout:
+    elif sig == sg.SIGXCPU or (sig == sg.SIGKILL and res["cpu"] >= 0.9 * cpu_s):
         hit = "cpu"
     elif after.get("pids_max", 0) > before.get("pids_max", 0):
         hit = "pids"
-    elif "File too large" in res["err"]:
+    elif sig == sg.SIGXFSZ:
         hit = "fsize"
-    elif res["trunc"]:
-        hit = "output"
     return ExecResult(None if sig else code, sig, res["out"], res["err"], res["trunc"], hit, res["wall"], res["cpu"], res["rss"])
 
 

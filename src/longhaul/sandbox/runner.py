@@ -1,5 +1,12 @@
 """Spawn one command under limits, drain its output without ever blocking on a full pipe,
-enforce the wall clock, and classify which limit (if any) stopped it."""
+enforce the wall clock and the output cap, and say which limit (if any) stopped it.
+
+The watchdog needs no cgroups: `Launch.stop` kills the whole tree by means the backend owns
+(the pid namespace's init for bubblewrap). Which limit was hit is read only from facts the
+program cannot forge: the watchdog's and the output cap's own records, the signal that ended
+the command, cgroup counters, and a full workdir; never from what the program printed. A
+command that exits 0 has no limit hit unless the runner itself stopped it.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from longhaul.sandbox.spec import ExecResult, SandboxSpec
+from longhaul.sandbox import procs
+from longhaul.sandbox.spec import ExecResult, LimitHit, SandboxSpec
 
 
 @dataclass
@@ -22,9 +30,11 @@ class Launch:
     env: dict | None
     cwd: str | None
     preexec: Callable[[], None]
-    kill_all: Callable[[], None]  # kills every process the command started
+    stop: Callable[[subprocess.Popen], None]  # kills every process the command started; the caller reaps it
+    after_exit: Callable[[int, bool], None]  # (main pid, reaped yet): kills what outlived the main process
     counters: Callable[[], dict] | None = None  # cgroup counters, read before and after
     wrapped: bool = False  # bwrap reports a signal death as exit code 128 + signal
+    disk_full: Callable[[], bool] = lambda: False  # the workdir has no space or inodes left
 
 
 def rlimit_preexec(spec: SandboxSpec, uid: int | None, use_cgroup_limits: bool, join: Callable[[], None] | None):
@@ -69,6 +79,39 @@ def run(launch: Launch, spec: SandboxSpec, stdin: bytes | None, timeout: float) 
     start = time.monotonic()
     proc = subprocess.Popen(launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=launch.env, cwd=launch.cwd, preexec_fn=launch.preexec, close_fds=True)
+    try:
+        bufs, truncated, hit = _drain(proc, launch, spec, stdin, start + timeout)
+    except BaseException:  # a signal to the caller (KeyboardInterrupt, SystemExit): leave nothing running
+        launch.stop(proc)
+        proc.wait()
+        raise
+    if hit:
+        launch.stop(proc)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    launch.after_exit(proc.pid, True)
+    for f in bufs:
+        f.close()
+    wall = time.monotonic() - start
+    code = proc.returncode
+    sig = -code if code < 0 else None
+    if launch.wrapped and 128 < code <= 128 + 64:
+        sig = code - 128
+    exit_code = None if sig else code
+    after = launch.counters() if launch.counters else {}
+    # bwrap's own rusage misses processes reaped inside its pid namespace; the cgroup sees all
+    cpu = (after["cpu_ns"] - before["cpu_ns"]) / 1e9 if "cpu_ns" in after else usage.ru_utime + usage.ru_stime
+    peak = after.get("peak") or usage.ru_maxrss * 1024
+    if hit is None:
+        hit = classify(spec, exit_code, sig, cpu, before, after, launch.disk_full)
+    return ExecResult(exit_code, sig, bytes(bufs[proc.stdout]).decode("utf-8", "replace"),
+                      bytes(bufs[proc.stderr]).decode("utf-8", "replace"), truncated, hit, wall, cpu, peak)
+
+
+def _drain(proc, launch: Launch, spec: SandboxSpec, stdin: bytes | None, deadline: float):
+    """Read both streams until they close or a limit is hit; returns (buffers, truncated, hit).
+    When the main process exits, what it left running is killed, so a daemon holding the
+    pipes open cannot keep the command going until the wall clock."""
     feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin or b""), daemon=True)
     feeder.start()
     bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
@@ -76,64 +119,54 @@ def run(launch: Launch, spec: SandboxSpec, stdin: bytes | None, timeout: float) 
     for f in bufs:
         os.set_blocking(f.fileno(), False)
         sel.register(f, selectors.EVENT_READ)
-    deadline = start + timeout
-    hit, truncated = None, False
-    while sel.get_map():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            hit = "wall"
-            break
-        for key, _ in sel.select(timeout=min(left, 0.5)):
-            chunk = os.read(key.fd, 65536)
-            if not chunk:
-                sel.unregister(key.fileobj)
-                continue
-            buf = bufs[key.fileobj]
-            room = spec.output_bytes - len(buf)
-            buf += chunk[:max(0, room)]
-            if len(chunk) > room:
-                truncated = True
-        if truncated:
-            hit = "output"
-            break
-    if hit:
-        launch.kill_all()
-    sel.close()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    launch.kill_all()  # daemons that outlived the main process
-    for f in bufs:
-        f.close()
-    wall = time.monotonic() - start
-    code = proc.returncode
-    sig = -code if code < 0 else None
-    if launch.wrapped and code is not None and 128 < code <= 128 + 64:
-        sig = code - 128
-    exit_code = None if sig else code
-    after = launch.counters() if launch.counters else {}
-    # bwrap's own rusage misses processes reaped inside its pid namespace; the cgroup sees all
-    cpu = (after["cpu_ns"] - before["cpu_ns"]) / 1e9 if "cpu_ns" in after else usage.ru_utime + usage.ru_stime
-    peak = after.get("peak") or usage.ru_maxrss * 1024
-    stderr = bytes(bufs[proc.stderr])
-    if hit is None:
-        hit = _classify(spec, sig, cpu, stderr, before, after)
-    return ExecResult(exit_code, sig, bytes(bufs[proc.stdout]).decode("utf-8", "replace"), stderr.decode("utf-8", "replace"),
-                      truncated, hit, wall, cpu, peak)
+    exited = procs.pidfd(proc.pid)
+    if exited is not None:
+        sel.register(exited, selectors.EVENT_READ)
+    hit, truncated, streams = None, False, 2
+    try:
+        while streams:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                hit = "wall"
+                break
+            for key, _ in sel.select(timeout=min(left, 0.5)):
+                if key.fileobj == exited:
+                    sel.unregister(exited)
+                    launch.after_exit(proc.pid, False)
+                    continue
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    streams -= 1
+                    continue
+                buf = bufs[key.fileobj]
+                room = spec.output_bytes - len(buf)
+                buf += chunk[:max(0, room)]
+                if len(chunk) > room:
+                    truncated = True
+            if truncated:
+                hit = "output"
+                break
+    finally:
+        sel.close()
+        if exited is not None:
+            os.close(exited)
+    return bufs, truncated, hit
 
 
-def _classify(spec: SandboxSpec, sig: int | None, cpu: float, stderr: bytes, before: dict, after: dict):
+def classify(spec: SandboxSpec, exit_code: int | None, sig: int | None, cpu: float, before: dict, after: dict,
+             disk_full: Callable[[], bool] = lambda: False) -> LimitHit | None:
+    """The limit that ended a command the runner did not stop itself, from kernel facts only."""
+    if exit_code == 0:
+        return None
     if after.get("oom_kill", 0) > before.get("oom_kill", 0):
         return "memory"
     if after.get("pids_max", 0) > before.get("pids_max", 0):
         return "pids"
     if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= spec.cpu_s * 0.95):
         return "cpu"
-    if sig == signal.SIGXFSZ or b"File too large" in stderr or b"No space left on device" in stderr:
+    if sig == signal.SIGXFSZ or disk_full():
         return "fsize"
     if sig == signal.SIGKILL and after.get("mem_fail", 0) > before.get("mem_fail", 0):
         return "memory"
-    if b"MemoryError" in stderr or b"Cannot allocate memory" in stderr:
-        return "memory"  # the rlimit fallback: allocation refused rather than OOM-killed
-    if b"Resource temporarily unavailable" in stderr or b"Cannot fork" in stderr or b"fork: retry" in stderr:
-        return "pids"
     return None

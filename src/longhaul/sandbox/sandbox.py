@@ -1,17 +1,23 @@
 """`Sandbox`: one isolated workdir and the commands run in it.
 
-Backends: `bwrap` (namespaces, read-only system, private size-capped workdir, cgroup limits,
+Backends: `bwrap` (namespaces, read-only root, size-capped writable mounts, cgroup limits,
 an unprivileged uid) and `process` (rlimits only, for machines without bubblewrap; it is not
 an isolation boundary and says so). The file API resolves every path beneath the workdir and
 refuses symlinks that leave it. `close()` is idempotent and leaves no process behind.
+
+As root each sandbox gets a host uid of its own (`UidClaim`) and its workdir is a tmpfs of
+`disk_bytes` mounted on the host; as another user the workdir is a plain host directory, so
+only `fsize_bytes` bounds each file written there. Processes are stopped through the pid
+namespace (bwrap) or the process group and uid (process), with cgroups where writable and
+without them where not.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -22,13 +28,12 @@ from pathlib import Path
 
 from longhaul.errors import LonghaulError
 from longhaul.sandbox import bwrap as bw
+from longhaul.sandbox import leftovers, procs
 from longhaul.sandbox.audit import AuditLog
 from longhaul.sandbox.cgroup import CGroup
 from longhaul.sandbox.runner import Launch, rlimit_preexec, run
 from longhaul.sandbox.spec import ExecResult, SandboxSpec
-
-_UIDS = itertools.count()
-UID_BASE = 61000  # host uids for sandboxes when we are root (one per sandbox, so RLIMIT_NPROC is per sandbox)
+from longhaul.sandbox.uids import UidClaim
 
 
 class SandboxError(LonghaulError):
@@ -64,22 +69,32 @@ class Sandbox:
             bw.bwrap_path()
         self.id = uuid.uuid4().hex[:12]
         self.audit = audit if isinstance(audit, AuditLog) else AuditLog(audit)
-        self.root = Path(tempfile.mkdtemp(prefix=f"longhaul-sbx-{self.id}-"))
+        self._closed = True  # until the root exists, close() has nothing to undo
+        self._claim, self.uid, self.cgroup, self._mounted = None, None, None, False
+        self._snapshots: dict[str, Path] = {}
+        self._sessions: list = []
+        leftovers.sweep_now_and_then()
+        self._claim = UidClaim.acquire() if os.geteuid() == 0 else None
+        try:
+            self.root = Path(tempfile.mkdtemp(prefix=leftovers.root_prefix(self.id)))
+        except BaseException:
+            if self._claim:
+                self._claim.release()
+            raise
+        self._closed = False
+        self.uid = self._claim.uid if self._claim else None
         self.workdir = self.root / "work"
         self.workdir.mkdir()
-        self._mounted = False
-        self.uid = None
-        if os.geteuid() == 0:
-            self.uid = UID_BASE + (os.getpid() * 7 + next(_UIDS)) % 4000
+        if self.uid is not None:
             self._mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={self.spec.disk_bytes},mode=0755,nosuid,nodev",
                                             "tmpfs", str(self.workdir)], capture_output=True).returncode == 0
+            if not self._mounted:
+                warnings.warn(f"could not mount a tmpfs on {self.workdir}: the workdir's size is not capped "
+                              f"(only each file, by fsize_bytes)", RuntimeWarning, stacklevel=2)
             os.chown(self.workdir, self.uid, self.uid)
             os.chmod(self.root, 0o755)
         self.etc = bw.write_etc(self.root)
         self.cgroup = CGroup.create(self.spec.memory_bytes, self.spec.pids)
-        self._snapshots: dict[str, Path] = {}
-        self._closed = False
-        self._sessions: list = []
 
     # ---- commands -------------------------------------------------------------------
     def spawn_args(self, argv: list[str], cwd: str | None = None) -> dict:
@@ -94,11 +109,65 @@ class Sandbox:
         work = str(self.workdir / cwd.removeprefix("/work").lstrip("/")) if cwd else str(self.workdir)
         return {"args": argv, "env": env, "cwd": work, "preexec_fn": preexec}
 
+    def kill_tree(self, proc: subprocess.Popen) -> None:
+        """Kill every process that `proc` (started from `spawn_args`) started, then `proc`; the caller reaps `proc`.
+        bwrap: kill the sandbox's pid 1, so the kernel kills the rest of its namespace, and let
+        bubblewrap reap it and exit (killing bubblewrap first would orphan pid 1 as a zombie).
+        process: stop and kill the process tree and group, then what runs as the sandbox's uid."""
+        if proc.returncode is not None:  # reaped already: its pid may name another process by now
+            self._after_exit(proc.pid, reaped=True)
+            return
+        if self.backend == "bwrap":
+            if procs.wait_exit(proc.pid, 0):  # bubblewrap exits only once its pid 1, and so its namespace, is gone
+                pass
+            elif (init := procs.ns_init(proc.pid)) is not None:
+                procs.kill_child_of(proc.pid, init)
+                if not procs.wait_exit(proc.pid, 5.0):
+                    procs.kill_pids([proc.pid])
+            else:  # still setting up: its child, if cloned as it dies, is found by its uid
+                procs.kill_pids([proc.pid])
+                procs.wait_exit(proc.pid, 5.0)
+                if self.uid is not None:
+                    procs.reap(p for p in procs.kill_uid(self.uid) if p != proc.pid)
+        else:
+            tree = [proc.pid, *procs.descendants(proc.pid)]
+            for sig in (signal.SIGSTOP, signal.SIGKILL):  # stopped first: none acts on another's death
+                procs.kill_pids(tree, sig)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            procs.reap(tree[1:])
+        self._after_exit(proc.pid, reaped=False)
+
+    def _after_exit(self, main: int, reaped: bool = True) -> None:
+        """Kill what a command left running once its main process `main` has exited."""
+        killed = []
+        if self.backend == "process":
+            if not reaped:  # until `main` is reaped its pid, and so its group's, cannot be reused
+                try:
+                    os.killpg(main, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if self.uid is not None:
+                killed += procs.kill_uid(self.uid)
+        if self.cgroup:
+            killed += self.cgroup.kill_all()
+        procs.reap(p for p in killed if p != main)
+
+    def disk_full(self) -> bool:
+        """Whether the workdir tmpfs has no space or no inodes left: a kernel fact, unlike the text
+        a program prints about it."""
+        if not self._mounted:
+            return False
+        st = os.statvfs(self.workdir)
+        return st.f_bavail == 0 or st.f_favail == 0
+
     def _launch(self, argv: list[str], cwd: str | None) -> Launch:
         a = self.spawn_args(argv, cwd)
         cg = self.cgroup
-        return Launch(a["args"], a["env"], a["cwd"], a["preexec_fn"], cg.kill_all if cg else (lambda: None),
-                      cg.counters if cg else None, wrapped=self.backend == "bwrap")
+        return Launch(a["args"], a["env"], a["cwd"], a["preexec_fn"], self.kill_tree, self._after_exit,
+                      cg.counters if cg else None, wrapped=self.backend == "bwrap", disk_full=self.disk_full)
 
     def _refuse(self, argv: list[str]) -> str | None:
         allow = self.spec.allow_commands
@@ -228,9 +297,13 @@ class Sandbox:
             s.close()
         if self.cgroup:
             self.cgroup.remove()
+        if self.backend == "process" and self.uid is not None:
+            procs.reap(procs.kill_uid(self.uid))
         if self._mounted:
             subprocess.run(["umount", "-l", str(self.workdir)], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
+        if self._claim:
+            self._claim.release()
 
     def __enter__(self):
         return self

@@ -10,30 +10,8 @@ import threading
 import time
 import uuid
 
+from longhaul.sandbox import procs
 from longhaul.sandbox.spec import ExecResult
-
-
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        kids.setdefault(ppid, []).append(int(name))
-    return kids
-
-
-def _descendants(pid: int) -> list[int]:
-    kids, out, todo = _children_map(), [], [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
 
 
 def _comm(pid: int) -> str:
@@ -77,7 +55,7 @@ class Session:
                 return
 
     def _shell_pid(self) -> int | None:
-        for pid in _descendants(self._proc.pid):
+        for pid in procs.descendants(self._proc.pid):
             if _comm(pid) == "bash":
                 return pid
         return None
@@ -87,7 +65,7 @@ class Session:
         shell = self._shell_pid()
         if shell is None:
             return
-        for pid in reversed(_descendants(shell)):
+        for pid in reversed(procs.descendants(shell)):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -131,22 +109,13 @@ class Session:
         truncated = len(head) > cap or len(err) > cap
         sig = code - 128 if code and code > 128 else None
         return ExecResult(None if sig else code, sig, head[:cap].decode("utf-8", "replace"), err[:cap].decode("utf-8", "replace"),
-                          truncated, hit or ("output" if truncated else None), time.monotonic() - start, 0.0, 0)
+                          truncated, hit, time.monotonic() - start, 0.0, 0)  # output over the cap is cut, not stopped
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        # The shell does not die with bwrap (its parent-death signal is lost when bwrap drops
-        # privileges), so the whole tree is killed, innermost first. It is stopped first: a parent
-        # must not run on when its child dies (`(sleep 9; echo x > f) &` would write f now).
-        tree = [*reversed(_descendants(self._proc.pid)), self._proc.pid]
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
-            for pid in tree:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
+        self.sandbox.kill_tree(self._proc)
         self._proc.wait()
         # The pumps end at EOF, once every process holding the pipes is gone. Closing a stream a
         # pump is still reading would block on its lock, so stragglers are killed first.

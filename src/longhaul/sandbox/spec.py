@@ -6,6 +6,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+# why a command stopped, read from facts the program cannot forge (runner.classify); fsize: a
+# file over fsize_bytes (SIGXFSZ) or the workdir tmpfs full
 LimitHit = Literal["wall", "cpu", "memory", "pids", "fsize", "output"]
 
 DEFAULT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
