@@ -44,13 +44,14 @@ class MetricsLog:
             self.tb.close()
 
 
-# metrics that measure the wall clock: they differ between two runs that compute the same thing
+# metrics that measure the wall clock or the process's memory: they differ between two runs that
+# compute the same thing
 CLOCK_PREFIXES = ("timing", "throughput/", "weight_sync/seconds", "weight_sync/total_seconds", "trainer/idle", "rollout/idle",
-                  "step_time", "tokens_per_s")
+                  "step_time", "tokens_per_s", "memory/")
 
 
 def without_clock(row: dict) -> dict:
-    """A metrics row without its wall-clock figures (what reproducibility checks compare)."""
+    """A metrics row without its wall-clock and memory figures (what reproducibility checks compare)."""
     return {k: v for k, v in row.items() if not k.startswith(CLOCK_PREFIXES)}
 
 
