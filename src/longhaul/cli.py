@@ -319,6 +319,8 @@ def serve_cmd(
     job_workers: int = typer.Option(1, "--job-workers", help="agent episodes run at once"),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default all cores)"),
     device: str = typer.Option("cpu", "--device", help="cpu, or cuda for a GPU"),
+    engine_process: bool = typer.Option(True, "--engine-process/--engine-thread",
+                                        help="step the engine in its own process (default) or in a thread of the server"),
 ):
     """Serve a model over an OpenAI-compatible API (chat, completions, models, jobs, /metrics)."""
     from pydantic import ValidationError
@@ -329,7 +331,8 @@ def serve_cmd(
         cfg = ServeConfig(model=model, api_keys=[k for k in api_key or [] if k], api_keys_file=api_keys_file, host=host, port=port,
                           dtype=dtype, served_model_name=served_model_name, requests_per_minute=rpm, tokens_per_minute=tpm,
                           max_num_seqs=max_num_seqs, max_queued_requests=max_queued, max_model_len=max_model_len, queue=queue,
-                          jobs_db=jobs_db, job_workers=job_workers, torch_threads=threads, device=device)
+                          jobs_db=jobs_db, job_workers=job_workers, torch_threads=threads, device=device,
+                          engine_process=engine_process)
     except ValidationError as e:
         err = e.errors()[0]
         raise LonghaulError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None

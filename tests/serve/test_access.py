@@ -27,7 +27,9 @@ def served(tmp_path_factory):
         {"name": "alice", "key": "sk-alice"},
         {"name": "bob", "key_sha256": digest("sk-bob"), "requests_per_minute": 2},
         {"name": "carol", "key": "sk-carol", "tokens_per_minute": 60}]}))
-    with running_server(d, api_keys=["sk-plain"], api_keys_file=str(keys), max_num_seqs=1, max_queued_requests=0) as (base, app):
+    # the engine in this process: the full-queue test holds it with a step hook, which cannot reach another process
+    with running_server(d, api_keys=["sk-plain"], api_keys_file=str(keys), max_num_seqs=1, max_queued_requests=0,
+                        engine_process=False) as (base, app):
         yield base, app
 
 

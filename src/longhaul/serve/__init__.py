@@ -2,8 +2,10 @@
 rate limits, a bounded admission queue, asynchronous agent jobs, Prometheus metrics and JSON
 logs (`longhaul serve`; docs/serving.md).
 
-Layout: `app` (state, FastAPI app, health/ready/metrics, `serve`), `engine_loop` (the one
-thread stepping the engine), `openai_api/` (wire protocol, chat rendering and tool calls,
+Layout: `app` (state, FastAPI app, health/ready/metrics, `serve`), `engine_process` (the
+engine in a process of its own: the server's side) and `engine_core` (the engine's side),
+`engine_loop` (the streams, and the one thread stepping an engine in this process),
+`openai_api/` (wire protocol, chat rendering and tool calls,
 logprobs, routes), `auth`, `ratelimit`, `admission`, `metrics`, `logs`, `weights`
 (manifest-verified safetensors, mmap, fsspec URLs), `jobs/` (stores, runner, routes).
 FastAPI, uvicorn and prometheus-client are the `serve` extra; they are imported by these

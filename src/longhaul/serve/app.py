@@ -2,12 +2,15 @@
 
 Owns `ServerState` (the model and engine, the engine loop, keys, rate limiter, admission,
 metrics, the job store and runner) and its life: `load()` builds the engine (weights through
-`weights.load_model`), `start()` runs in the background at app start-up, starts the engine
-loop, runs a warm-up generation, then marks the server ready and starts the job workers;
-shutdown stops the workers, then the loop (in-flight jobs go back to the queue). Routes owned
-here: `/health` (200 while the process serves HTTP), `/ready` (200 only after the model loaded
-and the warm-up generation ran; 503 before, with the load error if it failed) and `/metrics`;
-none of them needs a key. The OpenAI routes live in `openai_api.routes`, jobs in `jobs.routes`.
+`weights.load_model`) in the engine process (`engine_process`, the default) or in this one
+(`engine_loop`, with `engine_process: false`) and starts its loop; `start()` runs in the
+background at app start-up, runs a warm-up generation, then marks the server ready and starts
+the job workers; shutdown stops the workers, then the loop (in-flight jobs go back to the
+queue; the engine process exits). Routes owned here: `/health` (200 while the process serves
+HTTP and its engine lives; 503 with the reason once the engine process has died), `/ready`
+(200 only after the model loaded and the warm-up generation ran; 503 before, with the load
+error if it failed, and after the engine died) and `/metrics`; none of them needs a key. The
+OpenAI routes live in `openai_api.routes`, jobs in `jobs.routes`.
 """
 
 from __future__ import annotations
@@ -70,36 +73,36 @@ class ServerState:
 
     # ---- life ----------------------------------------------------------------------------
     def load(self) -> None:
-        """Build the engine (blocking: minutes for a big model)."""
-        import torch
-
-        from longhaul.inference import LLMEngine
+        """Build the engine and start its loop (blocking: minutes for a big model). With
+        `engine_process` the engine is built in its own process and `self.engine` is its view."""
         from longhaul.serve.openai_api.logprobs import TokenTexts
-        from longhaul.serve.weights import load_model
 
         c = self.config
-        if c.torch_threads:
-            torch.set_num_threads(c.torch_threads)
-        from longhaul.hardware import resolve_dtype
+        if c.engine_process:
+            from longhaul.serve.engine_process import EngineProcess
 
-        model, tok = load_model(c.model)
-        self.engine = LLMEngine(model=model, tokenizer=tok, dtype=resolve_dtype(c.dtype), device=c.device, max_num_seqs=c.max_num_seqs,
-                                max_num_batched_tokens=c.max_num_batched_tokens, max_model_len=c.max_model_len,
-                                kv_cache_memory_gb=c.kv_cache_memory_gb, seed=c.seed)
+            self.loop = EngineProcess(c, observer=self._observe)
+            self.loop.start()
+            self.engine, tok = self.loop.engine, self.loop.tokenizer
+        else:
+            from longhaul.serve.engine_core import build_engine
+            from longhaul.serve.engine_loop import EngineLoop
+
+            self.engine, tok = build_engine(c)
+            self.loop = EngineLoop(self.engine, observer=self._observe)
+            self.loop.start()
         self.tokenizer, self.texts = tok, TokenTexts(tok)
 
     def start(self) -> None:
-        """Load (if needed), start the loop, warm up, become ready, start job workers."""
+        """Load (if needed), warm up, become ready, start job workers."""
         from longhaul.inference.sampling import SamplingParams
-        from longhaul.serve.engine_loop import EngineLoop, ThreadStream
+        from longhaul.serve.engine_loop import ThreadStream
         from longhaul.serve.jobs.runner import JobRunner
 
         try:
             if self.engine is None:
                 self.load()
-            self.loop = EngineLoop(self.engine, observer=self._observe)
             self.metrics.watch(self.loop, self.jobs.counts)
-            self.loop.start()
             warm = ThreadStream()
             ids = self.tokenizer.encode("Warm-up: say hello.")
             self.loop.submit("warmup", ids, SamplingParams(max_tokens=self.config.warmup_tokens, min_tokens=self.config.warmup_tokens,
@@ -125,7 +128,14 @@ class ServerState:
         self.jobs.close()
 
     # ---- used by the routes --------------------------------------------------------------
+    @property
+    def engine_error(self) -> str | None:
+        """Why the engine can no longer serve (its process died), or None."""
+        return self.loop.error if self.loop is not None else None
+
     def check_ready(self) -> None:
+        if self.engine_error:
+            raise APIError(503, f"the engine failed: {self.engine_error}", type="server_error", code="engine_failed")
         if not self.ready:
             why = f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
             raise APIError(503, f"{why}; retry later", type="server_not_ready", code="not_ready", headers={"Retry-After": "5"})
@@ -197,10 +207,14 @@ def create_app(config: ServeConfig, state: ServerState | None = None):
 
     @app.get("/health")
     async def health():
+        if state.engine_error:  # the engine process died: only a restart brings it back
+            return JSONResponse({"status": "failed", "error": state.engine_error}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/ready")
     async def ready():
+        if state.engine_error:
+            return JSONResponse({"status": "failed", "error": state.engine_error}, status_code=503, headers={"Retry-After": "5"})
         if state.ready:
             return {"status": "ready", "model": state.model_name}
         body = {"status": "failed" if state.load_error else "loading", "error": state.load_error}

@@ -25,6 +25,9 @@ class ServeConfig(BaseModel):
     max_num_batched_tokens: int = Field(2048, ge=16)  # per-step token budget (prefill chunks + decodes)
     kv_cache_memory_gb: float = Field(1.0, gt=0)
     torch_threads: int | None = Field(None, ge=1)  # None: torch's default (all cores)
+    # The engine steps in a process of its own, so HTTP, tokenization and streaming never take its GIL (vLLM's
+    # engine core does the same); false keeps it in a thread of the server (one process: embedders, debugging)
+    engine_process: bool = True
     api_keys: list[str] = Field(default_factory=list)  # plain keys (--api-key, LONGHAUL_API_KEY); no quota unless set below
     api_keys_file: str | None = None  # JSON/YAML list of keys with per-key quotas (auth.load_keys_file)
     requests_per_minute: int | None = Field(None, ge=1)  # default quota of a key without its own; None: unlimited

@@ -7,7 +7,8 @@ go to their requests' streams. An `AsyncStream` belongs to an asyncio loop: a st
 for one loop are handed over in a single `call_soon_threadsafe`, and since outputs are
 cumulative a consumer that falls behind reads only the latest (no queue grows). A
 `ThreadStream` is for blocking callers (agent jobs). Does not own HTTP, tokenization or
-metrics (an `observer` callback sees every output in the loop thread).
+metrics (an `observer` callback sees every output in the loop thread). `engine_process` runs
+the same loop in a process of its own (the server's default) behind the same interface.
 
 Why a loop thread and not `engine.generate()`: `generate` drives its own step loop and must not
 share the engine with another stepper; serving needs requests to join and leave between steps.
@@ -111,6 +112,7 @@ class EngineLoop:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.steps = 0
+        self.error: str | None = None  # set when the engine can no longer serve (never, in this thread)
 
     # ---- any thread ----------------------------------------------------------------------
     def start(self) -> None:
@@ -184,7 +186,7 @@ class EngineLoop:
         try:
             self.engine.add_request(rid, prompt_ids, params)
         except Exception as e:
-            self._send([(stream, None, e)])
+            deliver([(stream, None, e)])
             return
         self._streams[rid] = stream
         self._unscheduled[rid] = stream
@@ -209,7 +211,7 @@ class EngineLoop:
                 self.observer(stream, out, now)
             stream.last_token_time, stream.num_tokens = now, len(out.token_ids)
             items.append((stream, out, None))
-        self._send(items)
+        deliver(items)
 
     def _fail_all(self, error: BaseException) -> None:
         items = [(s, None, error) for s in self._streams.values()]
@@ -219,22 +221,23 @@ class EngineLoop:
         self._unscheduled.clear()
         items += [(c[4], None, error) for c in self._commands if c[0] == "add"]
         self._commands.clear()
-        self._send(items)
+        deliver(items)
 
-    @staticmethod
-    def _send(items) -> None:
-        """Deliver (stream, output, error) triples: one call_soon_threadsafe per event loop."""
-        by_loop: dict = {}
-        for stream, out, err in items:
-            if isinstance(stream, AsyncStream):
-                by_loop.setdefault(stream.loop, []).append((stream, out, err))
-            else:
-                stream._deliver(out, err)
-        for loop, batch in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_deliver_all, batch)
-            except RuntimeError:  # the loop is closed: nobody is listening
-                pass
+
+
+def deliver(items) -> None:
+    """Deliver (stream, output, error) triples: one call_soon_threadsafe per event loop."""
+    by_loop: dict = {}
+    for stream, out, err in items:
+        if isinstance(stream, AsyncStream):
+            by_loop.setdefault(stream.loop, []).append((stream, out, err))
+        else:
+            stream._deliver(out, err)
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_deliver_all, batch)
+        except RuntimeError:  # the loop is closed: nobody is listening
+            pass
 
 
 def _deliver_all(batch) -> None:
