@@ -1,8 +1,8 @@
 """The engine in its own process (the server's default): the same responses as the in-process
 thread (greedy outputs token-identical, logprobs, stop strings, streaming and not, n > 1), one
-message per engine step and small ones, aborts, an engine killed mid-request failing its
-requests with a clear error and /health saying so, and no engine process left behind by a
-server that stops or is killed."""
+message per engine step and small ones, aborts, pause/resume and update_weights answered by
+the engine process, an engine killed mid-request failing its requests with a clear error and
+/health saying so, and no engine process left behind by a server that stops or is killed."""
 
 import os
 import signal
@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from longhaul.models import load_policy
 from tests.serve.conftest import free_port, running_server, start_cli_server, wait_ready
 from tests.waiting import DEADLINE_S, wait_until
 
@@ -134,8 +135,12 @@ def test_a_stream_the_client_leaves_is_aborted_in_the_engine_process(served):
         next(resp.iter_lines())  # one chunk, then hang up
     wait_until(lambda: aborts() == before + 1 and not eng.has_unfinished_requests() and loop.num_active == 0, interval=0.05,
                what="the abort to reach the engine process and come back")
-    # pause and resume are calls answered by the engine process: a paused engine takes a request but steps it
-    # only once resumed
+
+
+def test_rare_calls_run_in_the_engine_process(served, tmp_path):
+    base, app = served
+    eng, loop = app.state.server.engine, app.state.server.loop
+    # a paused engine takes a request but steps it only once resumed
     got, before = [], eng.stats()["generation_tokens_total"]
     eng.pause()
     try:
@@ -148,6 +153,11 @@ def test_a_stream_the_client_leaves_is_aborted_in_the_engine_process(served):
         eng.resume()
     t.join(DEADLINE_S)
     assert got[0].status_code == 200 and got[0].json()["usage"]["completion_tokens"] == 3
+    model, tok = load_policy("tiny-llama")
+    model.save_pretrained(tmp_path)
+    assert eng.update_weights(str(tmp_path), 7) > 0 and eng.weight_version == 7
+    with pytest.raises(ValueError, match="does not take 'step'"):
+        loop.call("step")
 
 
 def test_a_killed_engine_fails_its_requests_and_the_server_says_so(tmp_path):

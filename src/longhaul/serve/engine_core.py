@@ -14,7 +14,7 @@ The wire (pickled tuples of ints, floats and short strings; one `Connection` eac
                        ("step", steps, t0, deltas, aborted, errors, scheduled, added, stats),
                        one per engine step (and one after a batch of commands no step follows,
                        so gauges and aborts are never stale), ("failed", handles, error, trace,
-                       added, stats) when a step raised, ("reply", call_id, result, error)
+                       added, stats) when a step raised, ("reply", call_id, result, error, stats)
 
 A handle is a small int the server gives each request, so steps carry no id strings. A
 delta is what a request's output gained in the step: (handle, token_start, new_token_ids,
@@ -182,7 +182,7 @@ class Core:
                 result, error = getattr(eng, method)(*args), None
             except Exception as e:
                 result, error = None, portable(e)
-            self.out.send(("reply", call_id, result, error))
+            self.out.send(("reply", call_id, result, error, self._stats()))
 
     def _mark_scheduled(self) -> list[int]:
         if not self._unscheduled:

@@ -343,7 +343,8 @@ class EngineProcess:
         deliver([(req.stream, None, error) for h in handles if (req := self._forget(h)) is not None])
 
     def _on_reply(self, msg) -> None:
-        _, call_id, result, error = msg
+        _, call_id, result, error, stats = msg
+        self.engine._update(stats)  # e.g. the weight version after update_weights
         with self._lock:
             slot = self._calls.pop(call_id, None)
         if slot is not None:
