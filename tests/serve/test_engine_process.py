@@ -4,6 +4,7 @@ message per engine step and small ones, aborts, pause/resume and update_weights 
 the engine process, an engine killed mid-request failing its requests with a clear error and
 /health saying so, and no engine process left behind by a server that stops or is killed."""
 
+import multiprocessing
 import os
 import signal
 import threading
@@ -12,7 +13,10 @@ import httpx
 import openai
 import pytest
 
+from longhaul.inference import LLMEngine
+from longhaul.inference.sampling import SamplingParams
 from longhaul.models import load_policy
+from longhaul.serve.engine_core import Core
 from tests.serve.conftest import free_port, running_server, start_cli_server, wait_ready
 from tests.waiting import DEADLINE_S, wait_until
 
@@ -214,3 +218,38 @@ def test_no_engine_process_outlives_its_server(tmp_path):
         finally:
             proc.kill()
             proc.wait(30)
+
+
+def test_a_step_that_raises_fails_its_requests_and_the_engine_goes_on():
+    """The engine's side on its own (in a thread here, on real pipes): the failed step's requests
+    are named in one "failed" message with the error and its traceback; the next request runs."""
+    model, tok = load_policy("tiny-llama")
+    eng = LLMEngine(model, tokenizer=tok, num_kv_blocks=64)
+    cmd_r, cmd_w = multiprocessing.Pipe(duplex=False)
+    out_r, out_w = multiprocessing.Pipe(duplex=False)
+    step = eng.step
+
+    def broken():
+        eng.step = step  # only this step breaks
+        raise RuntimeError("boom")
+
+    eng.step = broken
+    core = Core(eng, cmd_r, out_w)
+    serving = threading.Thread(target=core.serve, daemon=True)
+    serving.start()
+    params = SamplingParams(max_tokens=3, temperature=0)
+    cmd_w.send(("add", 0, "a", [5, 6, 7], params))
+    first, failed = out_r.recv(), out_r.recv()
+    assert first[0] == "step" and first[1] == 0 and first[3] == []  # the add was applied; no step completed
+    assert failed[0] == "failed" and failed[1] == [0] and str(failed[2]) == "boom" and "RuntimeError: boom" in failed[3]
+    assert not eng.has_unfinished_requests()
+    cmd_w.send(("add", 1, "b", [5, 6, 7], params))
+    tokens = []
+    while not tokens or tokens[-1][8] is None:
+        msg = out_r.recv()
+        assert msg[0] == "step" and [d[0] for d in msg[3]] == [1]
+        tokens.append(msg[3][0])
+    assert sum(len(d[2]) for d in tokens) == 3 and tokens[-1][8] == "length"
+    cmd_w.send(("stop",))
+    serving.join(DEADLINE_S)
+    assert not serving.is_alive()

@@ -150,11 +150,11 @@ class Core:
                     scheduled = self._mark_scheduled()
                     deltas = [self._delta(o) for o in outs]
                 except Exception as e:  # a broken step fails its requests, not the server
-                    failure, stepped = e, False
+                    failure, trace, stepped = e, traceback.format_exc(), False
             if stepped or commands:
                 self.out.send(("step", self.steps, t0, deltas, aborted, errors, scheduled, self.added, self._stats()))
             if failure is not None:
-                self._fail_all(failure)
+                self._fail_all(failure, trace)
 
     def _apply(self, cmd, aborted: list, errors: list) -> None:
         eng = self.engine
@@ -209,7 +209,7 @@ class Core:
             self._handles.pop(req[0], None)
         self._unscheduled.discard(h)
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _fail_all(self, error: BaseException, trace: str) -> None:
         """Abort every request in the engine and those queued to join it; tell the server which."""
         handles = list(self._reqs)
         for req in list(self._reqs.values()):
@@ -224,7 +224,7 @@ class Core:
         self._reqs.clear()
         self._handles.clear()
         self._unscheduled.clear()
-        self.out.send(("failed", handles, portable(error), traceback.format_exc(), self.added, self._stats()))
+        self.out.send(("failed", handles, portable(error), trace, self.added, self._stats()))
 
     def _stats(self) -> tuple:
         eng = self.engine
