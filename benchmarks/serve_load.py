@@ -99,10 +99,12 @@ def engine_batch1(model: str, dtype: str, tokens: int, threads: int | None, repe
     from longhaul.inference.sampling import SamplingParams
     from longhaul.serve.config import ServeConfig
     from longhaul.serve.engine_core import build_engine
+    from longhaul.serve.openai_api.chat import render
+    from longhaul.serve.openai_api.protocol import ChatCompletionRequest
 
     eng, tok = build_engine(ServeConfig(model=model, dtype=dtype, torch_threads=threads))
     msgs = [{"role": "user", "content": "Write a Python function number 0 that reverses a list."}]
-    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    ids = render(tok, ChatCompletionRequest.model_validate({"messages": msgs}))  # the prompt the server makes of it
     params = SamplingParams(max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=1.0, seed=0)
     eng.generate([ids], params)  # warm-up
     best = 0.0
