@@ -1,6 +1,6 @@
 """Seconds per GRPO step on SmolLM2-135M-Instruct: longhaul vs TRL's GRPOTrainer, one run.
 
-Same prompts, reward and settings as `../shared/anchors/trl_grpo_bench.py` (1 prompt x 8
+Same prompts, reward and settings as the anchor's TRL script, given as `--trl-script` (1 prompt x 8
 completions of <= 128 tokens, temperature 1.0, beta 0.04 with the k3 KL, clip 0.2, lr 1e-6,
 token-mean loss, groups with equal rewards still trained, as TRL does). longhaul runs in fp32
 everywhere (TRL's maths and dtype) and, where the CPU has bf16 arithmetic
@@ -11,10 +11,10 @@ engine, as `longhaul train` does. Each step's generation / reference / update se
 the JSON too, with the step's floor on this host: the reference forward (2 x params x tokens
 FLOPs) and the update (4 x: the backward; the forward is the rollout's, recorded) at the dense
 fp32 GEMM rate measured here, and decoding at the measured memory bandwidth (every decode
-step reads all weights once). No system doing the same maths on this host can beat it. TRL runs in the anchor environment built by `../shared/anchors/setup.sh`
-(WITH_VLLM=0 is enough).
+step reads all weights once). No system doing the same maths on this host can beat it. TRL runs in the anchor environment
+under `--anchors` (its `hf` venv and the model; built without vLLM is enough).
 
-    python benchmarks/rl_step.py [--steps 4] [--anchors ~/.cache/longhaul-anchors]
+    python benchmarks/rl_step.py --trl-script PATH [--steps 4] [--anchors ~/.cache/longhaul-anchors]
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from longhaul.rl.grpo import GRPOTrainer
 from longhaul.types import Score
 
 HERE = Path(__file__).resolve().parent
-SHARED = HERE.parent.parent / "shared" / "anchors"
 
 
 class ToyFamily:
@@ -107,11 +106,13 @@ def ours(steps: int, fast: bool, phases: list[dict]) -> list[float]:
     return times
 
 
-def trl(steps: int, anchors: Path) -> list[float]:
+def trl(steps: int, anchors: Path, script: Path) -> list[float]:
     py, model_dir = anchors / "hf" / "bin" / "python", anchors / "smollm2-135m-instruct"
     if not py.exists() or not (model_dir / "config.json").exists():
-        raise SystemExit(f"anchor environment missing under {anchors}; run WITH_VLLM=0 {SHARED}/setup.sh first")
-    out = subprocess.run([str(py), str(SHARED / "trl_grpo_bench.py"), str(model_dir), str(steps)], capture_output=True, text=True)
+        raise SystemExit(f"anchor environment missing under {anchors}; build it (without vLLM) or pass --anchors")
+    if not script.is_file():
+        raise SystemExit(f"TRL script {script} is missing; pass the anchor's trl_grpo_bench.py as --trl-script")
+    out = subprocess.run([str(py), str(script), str(model_dir), str(steps)], capture_output=True, text=True)
     times = [float(m.group(1)) for m in re.finditer(r"^step \d+ ([\d.]+)s", out.stdout, re.M)]
     if not times:
         raise SystemExit(f"TRL run printed no step times:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
@@ -123,11 +124,12 @@ def main():
     keep_freed_memory()  # as the `longhaul` command and its workers do
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--trl-script", required=True, help="the anchor's TRL GRPO script (trl_grpo_bench.py)")
     ap.add_argument("--anchors", default=os.environ.get("ANCHORS", str(Path.home() / ".cache" / "longhaul-anchors")))
     ap.add_argument("--out", default=str(HERE / "results" / "rl_step.json"))
     args = ap.parse_args()
     phases = {"longhaul GRPO, fp32": []}
-    runs = {"TRL GRPOTrainer 1.x, fp32 (anchor)": trl(args.steps, Path(args.anchors)),
+    runs = {"TRL GRPOTrainer 1.x, fp32 (anchor)": trl(args.steps, Path(args.anchors), Path(args.trl_script)),
             "longhaul GRPO, fp32": ours(args.steps, False, phases["longhaul GRPO, fp32"])}
     if native_bf16():
         phases["longhaul GRPO, bf16 engine + autocast"] = []

