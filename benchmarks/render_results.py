@@ -1,4 +1,4 @@
-"""Render the measured tables of docs/results/ from benchmarks/results/*.json.
+"""Render the measured tables of the README and docs/results/ from benchmarks/results/*.json.
 
 A page marks each table it takes from a JSON file with `<!-- generated:NAME -->` and
 `<!-- /generated:NAME -->`; this script replaces what lies between the two with the table that
@@ -190,7 +190,31 @@ def scheduler_load(results: Path) -> str:
                   "waiting at end (FIFO)", "goal met (fairness, p99, backlogged GPU use)"], rows)
 
 
-TABLES = {f.__name__: f for f in (engine, quant_quality, rl_step, rl_step_phases, sandbox_throughput, envcheck, contention,
+def agent_demo(results: Path) -> str:
+    """The main job's recorded run: held-out pass@1 per stage and ablation, the paired tests."""
+    d = load(results, "agent_demo.json")
+    interval = lambda r: f"{r['passed']}/{r['n']} ({pct(r['pass_rate'])}) [{100 * r['ci95'][0]:.0f}, {100 * r['ci95'][1]:.0f}]"  # noqa: E731
+    names = {"base": "base (SmolLM2-135M-Instruct)", "sft": "SFT on verified demonstrations", "rl": "SFT + multi-turn GRPO"}
+    rows = []
+    for stage, r in d["stages"].items():
+        tr, he = d.get("transfer", {}).get(stage), d.get("humaneval", {}).get(stage)
+        rows.append([names.get(stage, stage), interval(r), f"{tr['passed']}/{tr['n']}" if tr else "-",
+                     f"{he['passed']}/{he['n']}" if he else "-"])
+    labels = {"rl_from_base": "ablation: RL from base, no SFT", "sft_same_wall_clock": "ablation: SFT alone, SFT + RL's wall clock"}
+    for name, a in d.get("ablations", {}).items():
+        tr = a.get("transfer")
+        rows.append([labels.get(name, name), interval(a["trained"]), f"{tr['passed']}/{tr['n']}" if tr else "-", "-"])
+    out = table(["policy", "held-out pass@1 [95%]", "held-out sub-family", "HumanEval"], rows)
+    tests = [f"{k.replace('_vs_', ' vs ')}: {m['gained']} gained, {m['lost']} lost, exact McNemar p = {m['p_value']:.2g}"
+             for k, m in d.items() if k in ("sft_vs_base", "rl_vs_sft")]
+    tests += [f"{labels.get(n, n).removeprefix('ablation: ')} vs SFT + RL: p = {a['vs_sft_rl']['p_value']:.2g}"
+              for n, a in d.get("ablations", {}).items()]
+    t = d.get("timing_s", {})
+    when = f"Host: {d.get('host')}; measured {d.get('measured_at', '?')[:10]}; pipeline wall clock {t.get('total', 0) / 60:.1f} min."
+    return out + "\n" + "".join(f"- {line}\n" for line in tests) + "\n" + when + "\n"
+
+
+TABLES = {f.__name__: f for f in (agent_demo, engine, quant_quality, rl_step, rl_step_phases, sandbox_throughput, envcheck, contention,
                                    async_vs_sync, async_scale, serve_load, serve_engine_process, scheduler_sim, scheduler_load)}
 
 
@@ -215,10 +239,12 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def render(root: Path, check: bool = False) -> list[Path]:
-    """Render every page under root/docs/results from root/benchmarks/results; returns the pages
+    """Render the README and every page under root/docs/results from root/benchmarks/results; returns the pages
     that were (with check: would be) changed."""
     results, changed = root / "benchmarks" / "results", []
-    for page in sorted((root / "docs" / "results").glob("*.md")):
+    for page in [root / "README.md", *sorted((root / "docs" / "results").glob("*.md"))]:
+        if not page.is_file():
+            continue
         text = page.read_text()
         new = render_page(text, results)
         if new != text:

@@ -68,3 +68,25 @@ def test_unknown_table_is_named(tmp_path):
     page.write_text("<!-- generated:nope -->\n<!-- /generated:nope -->\n")
     with pytest.raises(SystemExit, match="no table named 'nope'"):
         render_results.main(["--root", str(tmp_path)])
+
+
+def test_agent_demo_table_goes_into_the_readme(tmp_path):
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    row = lambda k, n: {"passed": k, "n": n, "pass_rate": k / n, "ci95": [0.1, 0.5]}  # noqa: E731
+    demo = {"stages": {"base": row(0, 60), "sft": row(19, 60), "rl": row(21, 60)},
+            "transfer": {"base": row(0, 30), "sft": row(0, 30), "rl": row(1, 30)},
+            "humaneval": {"base": row(14, 164), "rl": row(13, 164)},
+            "sft_vs_base": {"gained": 19, "lost": 0, "p_value": 3.8e-6}, "rl_vs_sft": {"gained": 2, "lost": 0, "p_value": 0.5},
+            "ablations": {"rl_from_base": {"trained": row(0, 60), "transfer": row(0, 30), "vs_sft_rl": {"p_value": 9.5e-7}}},
+            "timing_s": {"total": 2066.3}, "host": "a test host", "measured_at": "2026-12-05T10:02:00"}
+    (tmp_path / "benchmarks" / "results" / "agent_demo.json").write_text(json.dumps(demo))
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n<!-- generated:agent_demo -->\n<!-- /generated:agent_demo -->\nrest\n")
+    assert render_results.render(tmp_path) == [readme]
+    text = readme.read_text()
+    assert "| SFT + multi-turn GRPO | 21/60 (35.0%) [10, 50] | 1/30 | 13/164 |" in text
+    assert "| ablation: RL from base, no SFT | 0/60 (0.0%) [10, 50] | 0/30 | - |" in text
+    assert "rl vs sft: 2 gained, 0 lost, exact McNemar p = 0.5" in text
+    assert "pipeline wall clock 34.4 min" in text and text.endswith("<!-- /generated:agent_demo -->\nrest\n")
+    assert render_results.render(tmp_path, check=True) == []
