@@ -58,6 +58,7 @@ WORKSPACE = {"bugfix", "terminal", "multistep"}
 @pytest.mark.parametrize("rel, stale", [
     ("envs/terminal.py", {"terminal", "multistep"}),  # multistep imports terminal's task machinery
     ("envs/multistep.py", {"multistep"}),
+    ("envs/state_check.py", {"terminal", "multistep"}),  # the checker program, a file terminal.py names
     ("envs/workspace.py", WORKSPACE),  # the env every workspace task runs in
     ("sandbox/spec.py", WORKSPACE),  # reached through workspace -> longhaul.sandbox's __init__
     ("envs/patch.py", WORKSPACE),

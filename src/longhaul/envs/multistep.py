@@ -6,7 +6,7 @@ read a config to learn which data file, column and aggregate to compute; follow 
 visible test pins down; repair a moved input path in a script's settings and rerun it; restore
 a file that a git commit deleted; join a team list with ticket files to answer a question. The
 instruction says what to achieve, never the answer, and every reference solution takes at least
-three tool calls before submit. The hidden check (the shared ``terminal.CHECKER``) verifies the
+three tool calls before submit. The hidden check (the shared ``state_check.py``) verifies the
 final state.
 
 Tasks are pure functions of ``(seed, difficulty, subfamily)`` (see ``longhaul.envs.terminal``,
