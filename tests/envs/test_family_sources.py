@@ -56,16 +56,19 @@ WORKSPACE = {"bugfix", "terminal", "multistep"}
 
 
 @pytest.mark.parametrize("rel, stale", [
-    ("envs/terminal.py", {"terminal", "multistep"}),  # multistep imports terminal's task machinery
+    ("envs/terminal.py", {"terminal"}),
     ("envs/multistep.py", {"multistep"}),
-    ("envs/state_check.py", {"terminal", "multistep"}),  # the checker program, a file terminal.py names
+    ("envs/state_check.py", {"terminal", "multistep"}),  # the checker program, a file state_task.py names
+    ("envs/state_task.py", {"terminal", "multistep"}),
+    ("envs/kit.py", {"funcgen", "echo", "terminal", "multistep"}),
+    ("envs/wheel.py", {"terminal"}),
     ("envs/workspace.py", WORKSPACE),  # the env every workspace task runs in
     ("sandbox/spec.py", WORKSPACE),  # reached through workspace -> longhaul.sandbox's __init__
     ("envs/patch.py", WORKSPACE),
     ("envs/mutate.py", {"bugfix"}),
     ("envs/repos/catalog.json", {"bugfix"}),  # data a module names ("repos")
     ("envs/code.py", {"humaneval"}),
-    ("envs/funcgen.py", {"funcgen", "echo"}),  # echo takes its split seeds from funcgen
+    ("envs/funcgen.py", {"funcgen"}),
     ("types.py", WORKSPACE | {"echo"}),
     ("envs/registry.py", set()),  # the package __init__ imports it, but no family's module does
     ("envs/__init__.py", set()),
@@ -79,8 +82,8 @@ def test_an_edit_makes_exactly_the_dependent_families_stale(pkg_copy, baseline, 
 
 def test_sources_are_labelled_from_the_package_root():
     src = family_sources(["longhaul.envs.multistep"])
-    assert {"longhaul/envs/multistep.py", "longhaul/envs/terminal.py", "longhaul/envs/workspace.py",
-            "longhaul/sandbox/__init__.py"} <= set(src)
+    assert {"longhaul/envs/multistep.py", "longhaul/envs/state_task.py", "longhaul/envs/state_check.py",
+            "longhaul/envs/workspace.py", "longhaul/sandbox/__init__.py"} <= set(src)
     assert not {"longhaul/envs/registry.py", "longhaul/envs/__init__.py", "longhaul/__init__.py"} & set(src)
     assert all(path.is_file() for path in src.values())
 

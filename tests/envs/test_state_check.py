@@ -11,10 +11,10 @@ import sys
 import tarfile
 from pathlib import Path
 
-from longhaul.envs import terminal
+from longhaul.envs import state_task, terminal
 from checker_helpers import check
 
-PROGRAM = Path(terminal.__file__).parent / "state_check.py"  # read as a file, never imported
+PROGRAM = Path(state_task.__file__).parent / "state_check.py"  # read as a file, never imported
 
 
 def run(root: Path, checks: list, files: dict | None = None):
@@ -42,7 +42,7 @@ def fails(root, checks, files=None, fragment=""):
 
 
 def test_the_tasks_carry_this_program():
-    assert terminal.CHECKER == PROGRAM.read_text()
+    assert state_task.CHECKER == PROGRAM.read_text()
     assert terminal.make_task(0).hidden_files["check.py"] == PROGRAM.read_text()
 
 
