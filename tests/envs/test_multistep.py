@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from longhaul.envs import multistep as ms
-from longhaul.envs import terminal as tm
+from longhaul.envs.state_task import CHECKER
 from longhaul.envs.tools import ToolCall, check_arguments, format_call
 from longhaul.envs.workspace import Action, WorkspaceTask
 from checker_helpers import check, materialize
@@ -51,7 +51,7 @@ def test_task_fields(name, d):
     task = ms.make_task(seed, d, name)
     assert task.task_id == f"multistep/v1/{name}/{seed}" + ("" if d == 1 else f"-d{d}")
     assert (task.family, task.version, task.seed, task.difficulty, task.subfamily) == ("multistep", "1", seed, d, name)
-    assert task.verify_command == "python3 -I .longhaul_hidden/check.py" and task.hidden_files["check.py"] == tm.CHECKER
+    assert task.verify_command == "python3 -I .longhaul_hidden/check.py" and task.hidden_files["check.py"] == CHECKER
     assert _checks(task)
     size = sum(len(v.encode() if isinstance(v, str) else v) for v in (*task.files.values(), *task.hidden_files.values()))
     assert size < 50_000

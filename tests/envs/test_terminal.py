@@ -12,6 +12,8 @@ import zipfile
 import pytest
 
 from longhaul.envs import terminal as tm
+from longhaul.envs.state_task import CHECKER
+from longhaul.envs.wheel import make_wheel
 from longhaul.envs.tools import TOOLS, ToolCall, check_arguments, format_call
 from longhaul.envs.workspace import Action, WorkspaceTask
 from checker_helpers import check, materialize
@@ -39,7 +41,7 @@ def test_public_constants_and_registry():
     assert tm.FAMILY == "terminal" and tm.VERSION == "1" and tm.DIFFICULTIES == (1, 2, 3)
     assert len(tm.SUBFAMILIES) >= 8 and "wheel_install" in tm.SUBFAMILIES
     assert tm.SPLIT_SEED_BASE == {"train": 0, "heldout": 1_000_000}
-    compile(tm.CHECKER, "check.py", "exec")
+    compile(CHECKER, "check.py", "exec")
 
 
 @pytest.mark.parametrize("name,d", CASES)
@@ -49,7 +51,7 @@ def test_task_fields(name, d):
     assert task.task_id == f"terminal/v1/{name}/{seed}" + ("" if d == 1 else f"-d{d}")
     assert (task.family, task.version, task.seed, task.difficulty, task.subfamily) == ("terminal", "1", seed, d, name)
     assert task.verify_command == "python3 -I .longhaul_hidden/check.py"
-    assert task.hidden_files["check.py"] == tm.CHECKER and json.loads(task.hidden_files["spec.json"])["checks"]
+    assert task.hidden_files["check.py"] == CHECKER and json.loads(task.hidden_files["spec.json"])["checks"]
     assert task.check_python is False and task.prompt == task.instruction and task.instruction
     size = sum(len(v.encode() if isinstance(v, str) else v) for v in (*task.files.values(), *task.hidden_files.values()))
     assert size < 50_000
@@ -104,9 +106,9 @@ def test_bad_inputs_raise_value_error_naming_valid_choices():
 
 
 def test_wheels_are_deterministic_and_well_formed():
-    name, data = tm.make_wheel("demokit", "1.2.3", {"demokit/__init__.py": "X = 1\n"}, requires=("democore",))
+    name, data = make_wheel("demokit", "1.2.3", {"demokit/__init__.py": "X = 1\n"}, requires=("democore",))
     assert name == "demokit-1.2.3-py3-none-any.whl"
-    assert tm.make_wheel("demokit", "1.2.3", {"demokit/__init__.py": "X = 1\n"}, requires=("democore",))[1] == data
+    assert make_wheel("demokit", "1.2.3", {"demokit/__init__.py": "X = 1\n"}, requires=("democore",))[1] == data
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         names = zf.namelist()
         assert {"demokit/__init__.py", "demokit-1.2.3.dist-info/METADATA", "demokit-1.2.3.dist-info/WHEEL",

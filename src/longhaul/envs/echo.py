@@ -10,7 +10,7 @@ import difflib
 import random
 from dataclasses import dataclass
 
-from longhaul.envs.funcgen import SPLIT_SEED_BASE
+from longhaul.envs.kit import SPLIT_SEED_BASE
 from longhaul.types import Score
 
 VERSION = "1"

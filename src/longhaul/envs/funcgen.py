@@ -6,7 +6,8 @@ constants, the entry-point name and the hidden test inputs.  Expected test
 values are computed by executing the reference solution at generation time.
 
 A sub-family is a small builder ``(rng, difficulty) -> Spec`` registered with
-``@_register(name, *entry_point_synonyms)``.  Difficulty 1 is one plain
+``@_register(name, *entry_point_synonyms)`` in the task kit's registry (``longhaul.envs.kit``,
+which also draws the sub-family and makes the splits).  Difficulty 1 is one plain
 operation, 2 adds a condition or a second step, 3 composes two steps and adds
 an edge case (empty input, negative numbers).
 """
@@ -15,15 +16,16 @@ from __future__ import annotations
 
 import ast
 import copy
-import random
 import textwrap
 from dataclasses import dataclass
-from typing import Callable
+
+from longhaul.envs import kit
+from longhaul.envs.kit import make_registry, pick
 
 FAMILY = "funcgen"
 VERSION = "1"
-DIFFICULTIES = (1, 2, 3)
-SPLIT_SEED_BASE = {"train": 0, "heldout": 1_000_000}
+DIFFICULTIES = kit.DIFFICULTIES
+SPLIT_SEED_BASE = kit.SPLIT_SEED_BASE
 _MAX_ATTEMPTS = 20
 
 
@@ -60,21 +62,7 @@ class Spec:
     kind: str = "function"
 
 
-@dataclass(frozen=True)
-class SubFamily:
-    name: str
-    names: tuple
-    build: Callable[[random.Random, int], Spec]
-
-
-SUBFAMILIES: dict[str, SubFamily] = {}
-
-
-def _register(name: str, *entry_points: str):
-    def deco(build):
-        SUBFAMILIES[name] = SubFamily(name, entry_points, build)
-        return build
-    return deco
+SUBFAMILIES, _register = make_registry()  # a sub-family's `names` are its entry-point synonyms
 
 
 # ----------------------------------------------------------------- helpers --
@@ -84,11 +72,6 @@ WORDS = ("apple", "banana", "cat", "dog", "echo", "fig", "grape", "hat", "ice",
          "tree", "up", "vine", "wolf", "yak", "zoo")
 SIGN_BODY = "if {v} > 0:\n    return 1\nif {v} < 0:\n    return -1\nreturn 0"
 IS_PRIME = "{v} >= 2 and all({v} % i for i in range(2, {v}) if i * i <= {v})"
-
-
-def _pick(d: int, *levels):
-    """Return the entry of ``levels`` for difficulty ``d`` (1-based)."""
-    return levels[d - 1]
 
 
 def _text(rng, alphabet, lo=0, hi=8):
@@ -126,7 +109,7 @@ def _cases(rng, draw, edges=(), n=6):
 @_register("arith.scale_shift", "transform", "compute", "apply_rule")
 def _scale_shift(rng, d):
     k, b = rng.randint(2, 9), rng.randint(1, 20)
-    desc, body = _pick(
+    desc, body = pick(
         d,
         (f"returns n multiplied by {k}", f"return n * {k}"),
         (f"returns n multiplied by {k} plus {b}", f"return n * {k} + {b}"),
@@ -146,8 +129,8 @@ def _clamp(rng, d):
                     "where lo and hi may be given in either order",
                     "if lo > hi:\n    lo, hi = hi, lo\nreturn max(lo, min(hi, n))",
                     _cases(rng, draw, [(0, 10, -10), (-7, -7, -7)]))
-    expr = _pick(d, "n", "n * 2")
-    desc = _pick(d, "returns n", "returns n multiplied by 2 and then")
+    expr = pick(d, "n", "n * 2")
+    desc = pick(d, "returns n", "returns n multiplied by 2 and then")
     return Spec("n", f"{desc} limited to the range {lo} to {hi} inclusive (smaller values "
                 f"become {lo}, larger values become {hi})", f"return max({lo}, min({hi}, {expr}))",
                 _cases(rng, lambda: (rng.randint(-40, 40),), [(0,), (lo,), (hi + 1,)], n=7))
@@ -156,7 +139,7 @@ def _clamp(rng, d):
 @_register("arith.abs_diff", "abs_diff", "distance", "gap")
 def _abs_diff(rng, d):
     k = rng.randint(2, 9)
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns the absolute difference between a and b", "return abs(a - b)"),
         (f"returns the absolute difference between a and b, or 0 if that difference is less than {k}",
@@ -169,13 +152,13 @@ def _abs_diff(rng, d):
 
 @_register("arith.sign", "sign", "signum", "sign_of")
 def _sign(rng, d):
-    params, subject, v, draw, edges = _pick(
+    params, subject, v, draw, edges = pick(
         d,
         ("n", "n", "n", lambda: (rng.randint(-50, 50),), [(0,), (-3,), (8,)]),
         ("a, b", "the product a * b", "p", lambda: (rng.randint(-9, 9), rng.randint(-9, 9)),
          [(0, -5), (-2, -3), (4, -1)]),
         ("xs", "the sum of the list xs", "t", lambda: (_ints(rng),), [([],), ([3, -3],)]))
-    setup = _pick(d, "", "p = a * b\n", "t = sum(xs)\n")
+    setup = pick(d, "", "p = a * b\n", "t = sum(xs)\n")
     edge = " (an empty list sums to 0)" if d == 3 else ""
     desc = f"returns the sign of {subject}: 1 if it is positive, -1 if it is negative and 0 if it is zero{edge}"
     return Spec(params, desc, setup + SIGN_BODY.format(v=v), _cases(rng, draw, edges))
@@ -183,7 +166,7 @@ def _sign(rng, d):
 
 @_register("arith.digit_sum", "digit_sum", "sum_digits", "add_digits")
 def _digit_sum(rng, d):
-    desc, body, lo = _pick(
+    desc, body, lo = pick(
         d,
         ("returns the sum of the decimal digits of the non-negative integer n",
          "return sum(int(c) for c in str(n))", 0),
@@ -199,7 +182,7 @@ def _digit_sum(rng, d):
 
 @_register("strings.reverse", "reverse", "reverse_string", "flip")
 def _reverse(rng, d):
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns the string s reversed", "return s[::-1]"),
         ("returns the string s reversed and converted to uppercase", "return s[::-1].upper()"),
@@ -213,7 +196,7 @@ def _reverse(rng, d):
 @_register("strings.count_char", "count_char", "char_count", "occurrences")
 def _count_char(rng, d):
     c = rng.choice("aeiou")
-    desc, body = _pick(
+    desc, body = pick(
         d,
         (f"returns the number of times the character {c!r} appears in the string s", f"return s.count({c!r})"),
         (f"returns the number of times the letter {c!r} appears in the string s, ignoring case",
@@ -227,7 +210,7 @@ def _count_char(rng, d):
 
 @_register("strings.count_vowels", "count_vowels", "vowel_count", "num_vowels")
 def _count_vowels(rng, d):
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns the number of lowercase vowels (a, e, i, o, u) in the string s",
          "return sum(1 for ch in s if ch in \"aeiou\")"),
@@ -246,7 +229,7 @@ def _count_vowels(rng, d):
 @_register("strings.repeat", "repeat", "repeat_string", "duplicate")
 def _repeat(rng, d):
     sep = rng.choice("-+|,")
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns the string s repeated n times", "return s * n"),
         (f"returns n copies of the string s joined by {sep!r}", f"return {sep!r}.join([s] * n)"),
@@ -261,7 +244,7 @@ def _repeat(rng, d):
 def _replace(rng, d):
     a, b = rng.sample("abdeilmnorst", 2)
     mark = rng.choice("#*_?")
-    desc, body = _pick(
+    desc, body = pick(
         d,
         (f"returns s with every {a!r} replaced by {b!r}", f"return s.replace({a!r}, {b!r})"),
         (f"returns s with every {a!r} replaced by {b!r} and every {b!r} replaced by {a!r}",
@@ -275,7 +258,7 @@ def _replace(rng, d):
 @_register("strings.capitalize_words", "capitalize_words", "title_case", "cap_words")
 def _capitalize_words(rng, d):
     k = rng.randint(3, 5)
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns s with the first character of every space-separated word converted to uppercase",
          "return \" \".join(w[:1].upper() + w[1:] for w in s.split(\" \"))"),
@@ -289,7 +272,7 @@ def _capitalize_words(rng, d):
 
 @_register("strings.is_palindrome", "is_palindrome", "palindrome", "reads_same")
 def _is_palindrome(rng, d):
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns True if the string s reads the same forwards and backwards, otherwise False",
          "return s == s[::-1]"),
@@ -314,7 +297,7 @@ def _is_palindrome(rng, d):
 @_register("strings.remove_char", "remove_char", "strip_char", "without_char")
 def _remove_char(rng, d):
     c = rng.choice("aeilnorst")
-    desc, body = _pick(
+    desc, body = pick(
         d,
         (f"returns s with every occurrence of the character {c!r} removed", f"return s.replace({c!r}, \"\")"),
         (f"returns s with every {c!r} and every {c.upper()!r} removed",
@@ -328,7 +311,7 @@ def _remove_char(rng, d):
 @_register("strings.affix", "check_affixes", "starts_and_ends", "has_affix")
 def _affix(rng, d):
     p, q = _text(rng, "abcxyz", 2, 2), _text(rng, "abcxyz", 2, 2)
-    desc, body = _pick(
+    desc, body = pick(
         d,
         (f"returns True if the string s starts with {p!r}, otherwise False", f"return s.startswith({p!r})"),
         (f"returns True if the string s starts with {p!r} and ends with {q!r}, otherwise False",
@@ -350,7 +333,7 @@ def _affix(rng, d):
 @_register("lists.sum_even", "sum_even", "even_sum", "sum_of_evens")
 def _sum_even(rng, d):
     k = rng.randint(-4, 6)
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns the sum of the even numbers in the list xs", "return sum(x for x in xs if x % 2 == 0)"),
         (f"returns the sum of the even numbers in the list xs that are greater than {k}",
@@ -362,7 +345,7 @@ def _sum_even(rng, d):
 
 @_register("lists.filter_greater", "filter_greater", "greater_than", "above")
 def _filter_greater(rng, d):
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns a list of the elements of xs that are greater than k, in their original order",
          "return [x for x in xs if x > k]"),
@@ -378,7 +361,7 @@ def _filter_greater(rng, d):
 @_register("lists.scale", "scale", "scale_list", "multiply_all")
 def _scale(rng, d):
     k, b = rng.randint(2, 9), rng.randint(1, 9)
-    desc, expr = _pick(
+    desc, expr = pick(
         d,
         (f"returns a new list with every element of xs multiplied by {k}", f"x * {k}"),
         (f"returns a new list with every element of xs multiplied by {k} and then increased by {b}",
@@ -393,7 +376,7 @@ def _scale(rng, d):
 def _extreme(rng, d):
     which, fn = rng.choice([("largest", "max"), ("smallest", "min")])
     k = rng.randint(2, 5)
-    desc, body = _pick(
+    desc, body = pick(
         d,
         (f"returns the {which} element of the non-empty list xs", f"return {fn}(xs)"),
         (f"returns the {which} absolute value of the elements of the non-empty list xs",
@@ -407,7 +390,7 @@ def _extreme(rng, d):
 
 @_register("lists.count_occurrences", "count_occurrences", "count_value", "how_many")
 def _count_occurrences(rng, d):
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns how many times x appears in the list xs", "return xs.count(x)"),
         ("returns how many elements of the list xs are equal to x or to -x",
@@ -416,7 +399,7 @@ def _count_occurrences(rng, d):
          "(0 if x does not appear)",
          "best = run = 0\nfor v in xs:\n    run = run + 1 if v == x else 0\n"
          "    best = max(best, run)\nreturn best"))
-    top = _pick(d, 3, 3, 1)
+    top = pick(d, 3, 3, 1)
     draw = lambda: (_ints(rng, -top if d == 2 else 0, top, 3, 10), rng.randint(0, top))
     return Spec("xs, x", desc, body, _cases(rng, draw, [([], 2), ([5, 6], 7)]))
 
@@ -424,7 +407,7 @@ def _count_occurrences(rng, d):
 @_register("lists.running_sum", "running_sum", "cumulative_sum", "prefix_sums")
 def _running_sum(rng, d):
     k = rng.randint(2, 5)
-    desc, term = _pick(
+    desc, term = pick(
         d,
         ("returns a list whose i-th element is the sum of the first i+1 elements of xs", "x"),
         (f"returns the running sums of xs after multiplying each element by {k} (the i-th output is "
@@ -437,7 +420,7 @@ def _running_sum(rng, d):
 
 @_register("lists.dedupe", "dedupe", "unique", "remove_duplicates")
 def _dedupe(rng, d):
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns the elements of xs with duplicates removed, keeping the first occurrence of each "
          "in the original order",
@@ -456,7 +439,7 @@ def _dedupe(rng, d):
 
 @_register("lists.pairwise_diff", "pairwise_diff", "differences", "deltas")
 def _pairwise_diff(rng, d):
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns a list of the differences between consecutive elements of xs (each element minus "
          "the one before it)", "return [xs[i + 1] - xs[i] for i in range(len(xs) - 1)]"),
@@ -478,7 +461,7 @@ def _dict(rng, keys, values, nmin=0, nmax=5):
 @_register("dicts.invert", "invert", "invert_dict", "flip_dict")
 def _invert(rng, d):
     k = rng.randint(0, 10)
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns a new dict mapping each value of d to its key (the values of d are all distinct)",
          "return {v: key for key, v in d.items()}"),
@@ -500,7 +483,7 @@ def _invert(rng, d):
 @_register("dicts.word_count", "word_count", "count_words", "word_freq")
 def _word_count(rng, d):
     k = rng.randint(3, 4)
-    word, cond, extra = _pick(
+    word, cond, extra = pick(
         d,
         ("w", "", "each whitespace-separated word of s"),
         ("w.lower()", "", "each lowercased whitespace-separated word of s"),
@@ -525,7 +508,7 @@ def _sum_values(rng, d):
                     "(missing keys are ignored, repeated keys count each time)",
                     "return sum(d[key] for key in keys if key in d)",
                     _cases(rng, draw, [({}, ["a"]), ({"a": 2}, [])]))
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns the sum of all values in the dict d", "return sum(d.values())"),
         (f"returns the sum of the values in the dict d whose keys start with {p!r}",
@@ -542,7 +525,7 @@ def _keys_above(rng, d):
         return Spec("d, lo, hi", "returns an alphabetically sorted list of the keys of d whose value is "
                     "between lo and hi inclusive", "return sorted(key for key, v in d.items() if lo <= v <= hi)",
                     _cases(rng, draw, [({}, 0, 5), ({"x": 3, "y": 4}, 4, 4)]))
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns an alphabetically sorted list of the keys of d whose value is greater than k",
          "return sorted(key for key, v in d.items() if v > k)"),
@@ -560,7 +543,7 @@ def _keys_above(rng, d):
 def _factorial(rng, d):
     m = rng.randint(7, 1000)
     loop = "result = 1\nfor i in range(2, n + 1):\n    result *= i\n"
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns n factorial (the product of the integers from 1 to n, where 0 factorial is 1)",
          loop + "return result"),
@@ -575,13 +558,13 @@ def _factorial(rng, d):
 def _fibonacci(rng, d):
     seq = "the Fibonacci sequence 0, 1, 1, 2, 3, 5, ... (each number is the sum of the two before it)"
     step = "a, b = 0, 1\nfor _ in range(n):\n{inner}    a, b = b, a + b\n"
-    desc, inner, ret, lo = _pick(
+    desc, inner, ret, lo = pick(
         d,
         (f"returns the n-th number (counting from 0) of {seq}", "", "a", 0),
         (f"returns a list of the first n numbers of {seq}", "    out.append(a)\n", "out", 0),
         (f"returns the sum of the even numbers among the first n numbers of {seq}, or 0 if n is 0 or negative",
          "    if a % 2 == 0:\n        out += a\n", "out", -5))
-    init = _pick(d, "", "out = []\n", "out = 0\n")
+    init = pick(d, "", "out = []\n", "out = 0\n")
     edges = [(0,), (1,)] + ([(-2,)] if lo < 0 else [])
     return Spec("n", desc, init + step.format(inner=inner) + f"return {ret}",
                 _cases(rng, lambda: (rng.randint(2, 25),), edges))
@@ -590,7 +573,7 @@ def _fibonacci(rng, d):
 @_register("math.gcd", "gcd")
 def _gcd(rng, d):
     euclid = "while b:\n    a, b = b, a % b\n"
-    desc, body, names = _pick(
+    desc, body, names = pick(
         d,
         ("returns the greatest common divisor of the positive integers a and b",
          euclid + "return a", ("gcd", "greatest_common_divisor", "common_divisor")),
@@ -614,7 +597,7 @@ def _gcd(rng, d):
 
 @_register("math.primes", "is_prime")
 def _primes(rng, d):
-    params, desc, body, names, draw, edges = _pick(
+    params, desc, body, names, draw, edges = pick(
         d,
         ("n", "returns True if n is a prime number, otherwise False (numbers below 2 are not prime)",
          "return " + IS_PRIME.format(v="n"), ("is_prime", "prime", "check_prime"),
@@ -633,7 +616,7 @@ def _primes(rng, d):
 @_register("math.power_sum", "power_sum", "sum_of_powers", "powers_total")
 def _power_sum(rng, d):
     p, k = rng.randint(2, 3), rng.randint(2, 4)
-    desc, body = _pick(
+    desc, body = pick(
         d,
         (f"returns the sum of i**{p} for every integer i from 1 to n (0 if n is less than 1)",
          f"return sum(i ** {p} for i in range(1, n + 1))"),
@@ -650,7 +633,7 @@ def _power_sum(rng, d):
 @_register("parse.csv_sum", "sum_csv", "parse_sum", "add_numbers")
 def _csv_sum(rng, d):
     sep = rng.choice(",;|") if d == 2 else ","
-    desc, body = _pick(
+    desc, body = pick(
         d,
         ("returns the sum of the integers in s, a string of integers separated by commas such as '1,2,3'",
          "return sum(int(part) for part in s.split(\",\"))"),
@@ -672,7 +655,7 @@ def _csv_sum(rng, d):
 
 @_register("parse.key_values", "parse_pairs", "parse_kv", "to_dict")
 def _key_values(rng, d):
-    desc, conv = _pick(
+    desc, conv = pick(
         d,
         ("parses s, a string like 'a=1;b=2', into a dict mapping each key to its value as a string", "value"),
         ("parses s, a string like 'a=1;b=2', into a dict mapping each key to its value converted to an int",
@@ -706,7 +689,7 @@ def _counter(rng, d):
         add = "def add(self, x):\n    if x >= 0:\n        self.items.append(x)"
     body = "\n\n".join(["def __init__(self):\n    self.items = []", add,
                         "def total(self):\n    return sum(self.items)"] + extra)
-    desc = _pick(
+    desc = pick(
         d,
         "that keeps a running total: its method `add(x)` adds the number x to the total and its method "
         "`total()` returns the total (0 before any call to add)",
@@ -775,37 +758,16 @@ def _build(subfamily, seed, difficulty, entry, spec, allow_constant=False):
 
 def make_task(seed: int, difficulty: int = 1, subfamily: str | None = None) -> Task:
     """Build the task for ``seed``; the sub-family is drawn from the seed unless given."""
-    if difficulty not in DIFFICULTIES:
-        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
-    rng = random.Random(seed)
-    names = sorted(SUBFAMILIES)
-    drawn = names[rng.randrange(len(names))]
-    subfamily = drawn if subfamily is None else subfamily
-    if subfamily not in SUBFAMILIES:
-        raise ValueError(f"unknown sub-family {subfamily!r}; valid: {', '.join(names)}")
-    family = SUBFAMILIES[subfamily]
+    kit.check_difficulty(difficulty)
+    rng, family = kit.draw(SUBFAMILIES, seed, subfamily)
     for attempt in range(_MAX_ATTEMPTS):  # redraw (deterministically) if the tests are degenerate
         spec = family.build(rng, difficulty)
         entry = rng.choice(spec.names or family.names)
-        task = _build(subfamily, seed, difficulty, entry, spec, allow_constant=attempt == _MAX_ATTEMPTS - 1)
+        task = _build(family.name, seed, difficulty, entry, spec, allow_constant=attempt == _MAX_ATTEMPTS - 1)
         if task is not None:
             return task
 
 
 def make_split(split: str, n: int, difficulty: int = 1, subfamilies: list[str] | None = None) -> list[Task]:
     """``n`` tasks with seeds ``base, base+1, ...`` (train: 0, heldout: 1_000_000)."""
-    if split not in SPLIT_SEED_BASE:
-        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLIT_SEED_BASE)}")
-    if n < 0:
-        raise ValueError(f"n must be non-negative, got {n}")
-    pool = list(subfamilies) if subfamilies is not None else None
-    if pool is not None:
-        unknown = [s for s in pool if s not in SUBFAMILIES]
-        if unknown or not pool:
-            raise ValueError(f"unknown or empty sub-family list: {unknown or pool}")
-    base = SPLIT_SEED_BASE[split]
-    tasks = []
-    for seed in range(base, base + n):
-        chosen = None if pool is None else pool[random.Random(seed).randrange(len(pool))]
-        tasks.append(make_task(seed, difficulty, chosen))
-    return tasks
+    return kit.split_tasks(make_task, SUBFAMILIES, split, n, difficulty, subfamilies)

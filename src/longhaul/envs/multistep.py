@@ -6,13 +6,14 @@ read a config to learn which data file, column and aggregate to compute; follow 
 visible test pins down; repair a moved input path in a script's settings and rerun it; restore
 a file that a git commit deleted; join a team list with ticket files to answer a question. The
 instruction says what to achieve, never the answer, and every reference solution takes at least
-three tool calls before submit. The hidden check (the shared ``terminal.CHECKER``) verifies the
+three tool calls before submit. The hidden check (the shared ``state_check.py``) verifies the
 final state.
 
-Tasks are pure functions of ``(seed, difficulty, subfamily)`` (see ``longhaul.envs.terminal``,
-whose task machinery this family shares). Difficulty adds hops: a profile file between the
-config and the data, a row filter, a longer clue chain with relative paths, a layout document
-between the README and the module, a second broken setting, a decoy the task must leave alone.
+Tasks are pure functions of ``(seed, difficulty, subfamily)``, made with the task kit
+(``longhaul.envs.kit``) in the state-checked shape ``terminal`` uses (``longhaul.envs.state_task``).
+Difficulty adds hops: a profile file between the config and the data, a row filter, a longer
+clue chain with relative paths, a layout document between the README and the module, a second
+broken setting, a decoy the task must leave alone.
 """
 
 from __future__ import annotations
@@ -21,37 +22,22 @@ import itertools
 import json
 import posixpath
 
+from longhaul.envs import kit
 from longhaul.envs import patch as patchlib
-from longhaul.envs.terminal import (
-    DIFFICULTIES,
-    SPLIT_SEED_BASE,
-    Built,
-    build_task,
-    lines,
-    make_registry,
-    q,
-    read,
-    run,
-    sentence,
-    split_tasks,
-    word,
-    words,
-    write,
-)
+from longhaul.envs.kit import lines, make_registry, pick, sentence, word, words
+from longhaul.envs.state_task import Built, build_task, q, read, run, write
 from longhaul.envs.workspace import Action, WorkspaceTask
 
 FAMILY = "multistep"
 VERSION = "1"
+DIFFICULTIES = kit.DIFFICULTIES
+SPLIT_SEED_BASE = kit.SPLIT_SEED_BASE
 MIN_REFERENCE_CALLS = 3
 TEST_COMMAND = "python3 -m pytest -q -o pythonpath=. tests"
 
 __all__ = ["DIFFICULTIES", "FAMILY", "SPLIT_SEED_BASE", "SUBFAMILIES", "VERSION", "make_split", "make_task"]
 
 SUBFAMILIES, _register = make_registry()
-
-
-def _pick(d: int, *levels):
-    return levels[d - 1]
 
 
 # ------------------------------------------------------------------ sub-families --
@@ -63,13 +49,13 @@ _AGGS = {"sum": sum, "max": max, "min": min}
 def _config_lookup(rng, d):
     cols = words(rng, 4, 2, 2)
     kinds = words(rng, 3, 1, 2, avoid=cols)
-    names = words(rng, _pick(d, 3, 4, 5), 2, 3, avoid=cols + kinds)
+    names = words(rng, pick(d, 3, 4, 5), 2, 3, avoid=cols + kinds)
     files, tables = {}, {}
     for nm in names:
         order = cols[:]
         rng.shuffle(order)
         rows = [{"id": str(100 + i), "kind": kinds[i] if i < len(kinds) else rng.choice(kinds),
-                 **{c: rng.randint(1, 500) for c in cols}} for i in range(rng.randint(*_pick(d, (6, 9), (8, 12), (10, 16))))]
+                 **{c: rng.randint(1, 500) for c in cols}} for i in range(rng.randint(*pick(d, (6, 9), (8, 12), (10, 16))))]
         tables[nm] = rows
         files[f"data/{nm}.csv"] = lines([",".join(["id", "kind", *order])] +
                                          [",".join([r["id"], r["kind"], *(str(r[c]) for c in order)]) for r in rows])
@@ -104,8 +90,8 @@ def _config_lookup(rng, d):
 
 @_register("pointer_chain")
 def _pointer_chain(rng, d):
-    hops = _pick(d, 3, 5, 7)
-    dirs = [f"clues/{w}" for w in words(rng, _pick(d, 3, 4, 5), 2, 2)]
+    hops = pick(d, 3, 5, 7)
+    dirs = [f"clues/{w}" for w in words(rng, pick(d, 3, 4, 5), 2, 2)]
     if d > 1:
         dirs += [f"{dirs[0]}/{word(rng, 1, 2)}", f"{dirs[1]}/{word(rng, 1, 2)}"]
     pool = words(rng, hops + 8, 2, 3)
@@ -170,7 +156,7 @@ def _fix_constant(rng, d):
     mod = f"{domain}_{word(rng, 1, 2)}"
     others = words(rng, 2, 2, 2, avoid=(pkg, mod))
     good_b, good_r = rng.randint(2, 60), rng.randint(2, 15)
-    wrong = _pick(d, rng.choice(("base", "rate")), "both", "both")
+    wrong = pick(d, rng.choice(("base", "rate")), "both", "both")
     bad_b = good_b + rng.choice((-1, 1)) * rng.randint(1, 9) if wrong in ("base", "both") else good_b
     bad_r = good_r + rng.choice((-1, 1)) * rng.randint(1, min(good_r - 1, 5)) if wrong in ("rate", "both") else good_r
     path = f"{pkg}/{mod}.py"
@@ -255,7 +241,7 @@ if __name__ == "__main__":
 
 @_register("fix_config_path")
 def _fix_config_path(rng, d):
-    years = sorted(rng.sample(range(2015, 2024), _pick(d, 1, 3, 4)))
+    years = sorted(rng.sample(range(2015, 2024), pick(d, 1, 3, 4)))
     year = rng.choice(years)
     customers = words(rng, rng.randint(3, 5), 2, 2)
     files, expected = {}, None
@@ -365,12 +351,12 @@ def _git_restore(rng, d):
 @_register("ticket_count")
 def _ticket_count(rng, d):
     teams = words(rng, 3, 2, 2)
-    users = words(rng, _pick(d, rng.randint(6, 8), rng.randint(8, 10), rng.randint(9, 12)), 2, 2, avoid=teams)
+    users = words(rng, pick(d, rng.randint(6, 8), rng.randint(8, 10), rng.randint(9, 12)), 2, 2, avoid=teams)
     member = {u: teams[i] if i < len(teams) else rng.choice(teams) for i, u in enumerate(users)}
     domain = f"{word(rng, 2, 2)}.example"
     team = rng.choice(teams)
     want_prio = "high" if d > 1 else None
-    n = _pick(d, rng.randint(8, 12), rng.randint(12, 18), rng.randint(16, 24))
+    n = pick(d, rng.randint(8, 12), rng.randint(12, 18), rng.randint(16, 24))
     files, count = {}, 0
     ids = sorted(rng.sample(range(100, 999), n))
     for k, tid in enumerate(ids):
@@ -409,4 +395,4 @@ def make_task(seed: int, difficulty: int = 1, subfamily: str | None = None) -> W
 
 def make_split(split: str, n: int, difficulty: int = 1, subfamilies: list[str] | None = None) -> list[WorkspaceTask]:
     """``n`` tasks with seeds ``SPLIT_SEED_BASE[split] + i`` (train: 0, heldout: 1_000_000)."""
-    return split_tasks(make_task, SUBFAMILIES, split, n, difficulty, subfamilies)
+    return kit.split_tasks(make_task, SUBFAMILIES, split, n, difficulty, subfamilies)

@@ -9,21 +9,23 @@ and is one of two kinds:
 `reference_reply` / `null_reply` (answer kind) and `WorkspaceTask.reference` (workspace kind) are
 what the quality checks (`longhaul envcheck`) replay. User families, envs and reward functions
 load from `package.module:Name` (see docs/custom-tasks.md); they pass the same validation.
+A family's `content_hash` covers every module and data file its modules import or name
+(`longhaul.envs.sources`), so envcheck's record of it goes stale when any of them changes.
 """
 
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
 import inspect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable
 
 from longhaul.envs import echo, funcgen, humaneval
 from longhaul.envs.code import extract_code
+from longhaul.envs.sources import content_hash, family_sources
 from longhaul.errors import LonghaulError
 from longhaul.sandbox import shared_pool
 from longhaul.types import Score
@@ -81,33 +83,29 @@ class Family:
     null_reply: Callable = lambda task: ""  # answer kind: task -> a reply that must fail
     stop: tuple = ()  # stop strings of an answer
     make_env: Callable | None = None  # workspace kind: task -> Env (default WorkspaceEnv)
-    sources: list = field(default_factory=list)  # files whose content defines the family version
+    modules: tuple = ()  # dotted names whose imports and data define the family version
     fixed_set: bool = False  # a fixed benchmark (HumanEval): envcheck always checks all of it
 
+    def sources(self) -> dict[str, Path]:
+        """`{label: file}` of every module and data file the family's modules depend on."""
+        return family_sources(self.modules)
+
     def content_hash(self) -> str:
-        h = hashlib.sha256(f"{self.name}\0{self.version}\0".encode())
-        for p in sorted(str(s) for s in self.sources):
-            path = Path(p)
-            files = sorted(q for q in path.rglob("*") if q.is_file() and not any(
-                part == "__pycache__" or part.startswith(".") for part in q.relative_to(path).parts)) if path.is_dir() else [path]
-            for f in files:
-                h.update(str(f.relative_to(path.parent)).encode() + b"\0" + f.read_bytes())
-        return h.hexdigest()[:16]
+        return content_hash(self.name, self.version, self.modules)
 
 
 _ANSWER = {
     "funcgen": Family("funcgen", funcgen.VERSION, "answer", funcgen.make_split, tuple(sorted(funcgen.SUBFAMILIES)),
                       funcgen.DIFFICULTIES, score_many=score_code, reference_reply=lambda t: _fence(t.reference),
                       null_reply=lambda t: _fence(_stub(t.reference)), stop=("```\n",),  # complete once its block closes
-                      sources=[Path(funcgen.__file__)]),
+                      modules=(funcgen.__name__,)),
     "humaneval": Family("humaneval", humaneval.VERSION, "answer", humaneval.make_split, (), (1,), ("heldout",),
                         score_many=partial(score_code, build=humaneval.program), reference_reply=lambda t: _fence(t.reference),
-                        null_reply=lambda t: _fence("    pass"), sources=[Path(humaneval.__file__)], fixed_set=True),
+                        null_reply=lambda t: _fence("    pass"), modules=(humaneval.__name__,), fixed_set=True),
     "echo": Family("echo", echo.VERSION, "answer", echo.make_split, (), (1, 2, 3), score_many=echo.score_many,
-                   reference_reply=lambda t: t.target, sources=[Path(echo.__file__)]),
+                   reference_reply=lambda t: t.target, modules=(echo.__name__,)),
 }
 _WORKSPACE = ("bugfix", "terminal", "multistep")  # modules of longhaul.envs, imported on first use
-_HERE = Path(__file__).parent
 
 
 def families() -> dict[str, Family]:
@@ -120,11 +118,8 @@ def families() -> dict[str, Family]:
 
 def _workspace_family(name: str) -> Family:
     mod = importlib.import_module(f"longhaul.envs.{name}")
-    sources = [Path(mod.__file__), _HERE / "workspace.py", _HERE / "tools.py"]
-    if name == "bugfix":
-        sources += [mod.REPOS, _HERE / "mutate.py"]
     return Family(mod.FAMILY, mod.VERSION, "workspace", mod.make_split, tuple(mod.SUBFAMILIES), tuple(mod.DIFFICULTIES),
-                  sources=sources)
+                  modules=(mod.__name__,))
 
 
 def load_object(spec: str, what: str):
@@ -163,13 +158,19 @@ def family_from_object(obj, spec: str) -> Family:
         raise LonghaulError(f"task family {spec!r}: KIND must be 'answer' or 'workspace', got {kind!r}")
     if kind == "answer" and (score is None or _attr(obj, "reference_reply") is None):
         raise LonghaulError(f"task family {spec!r} is single-turn and needs score_many(tasks, replies) and reference_reply(task)")
-    src = inspect.getsourcefile(obj if inspect.ismodule(obj) or inspect.isclass(obj) else type(obj)) or ""
     env = _attr(obj, "make_env")
     return Family(str(_attr(obj, "FAMILY")), str(_attr(obj, "VERSION")), kind, _attr(obj, "make_split"),
                   tuple(_attr(obj, "SUBFAMILIES", ()) or ()), tuple(_attr(obj, "DIFFICULTIES", (1,))),
                   tuple(_attr(obj, "SPLITS", ("train", "heldout"))), score, _attr(obj, "reference_reply"),
                   _attr(obj, "null_reply", lambda t: ""), tuple(_attr(obj, "STOP", ())), env,
-                  [Path(src)] if src else [])
+                  _modules_of(obj, spec))
+
+
+def _modules_of(obj, spec: str) -> tuple:
+    """The module a spec names and the one that defines `obj` (a re-export may differ)."""
+    owner = obj if inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
+    defined = obj.__name__ if inspect.ismodule(obj) else getattr(owner, "__module__", None)
+    return tuple(dict.fromkeys(m for m in (spec.partition(":")[0], defined) if m))
 
 
 def get_family(name: str) -> Family:
@@ -198,5 +199,4 @@ def reward_family(base: Family, spec: str) -> Family:
             raise LonghaulError(f"reward function {spec!r} returned {len(values)} rewards for {len(replies)} completions")
         return [Score(float(v), float(v) >= 1.0, "pass" if float(v) >= 1.0 else "fail") for v in values]
 
-    src = inspect.getsourcefile(fn)
-    return replace(base, score_many=score_many, sources=base.sources + ([Path(src)] if src else []))
+    return replace(base, score_many=score_many, modules=tuple(dict.fromkeys(base.modules + _modules_of(fn, spec))))

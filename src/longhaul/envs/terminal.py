@@ -4,9 +4,9 @@ Each task gives the agent a small workspace (files under /work) and asks for a c
 that the usual command-line tools make: sort and dedupe a list, total a CSV column per group,
 rename files by a pattern, list the files holding a token, count matching lines, replace a
 string across a tree, pack an archive, fix permissions, summarise a log as JSON, install a
-package from a local offline wheelhouse and use it. The hidden check (`CHECKER`, driven by a
-per-task `spec.json`) compares the final files with what the task's data determines exactly,
-so an empty or placeholder output never passes.
+package from a local offline wheelhouse and use it. The hidden check (the program in
+`state_check.py`, driven by a per-task `spec.json`) compares the final files with what the task's
+data determines exactly, so an empty or placeholder output never passes.
 
 A task is a pure function of ``(seed, difficulty, subfamily)``: a private ``random.Random(seed)``
 picks the sub-family (unless one is forced) and every name, number and row. A sub-family is a
@@ -14,342 +14,26 @@ builder ``(rng, difficulty) -> Built`` registered with ``@_register(name)``; dif
 one plain step, 2 and 3 grow the data and add a second condition or step. ``Built.reference``
 solves the task through the tools only (`run`, `write_file`), which the oracle agent replays.
 
-The generic parts (`Built`, `CHECKER`, `build_task`, `split_tasks`, the word helpers) are
-shared with the ``multistep`` family.
+This module holds the sub-families only. What generated families share (the registry, splits,
+pseudo-words) is `longhaul.envs.kit`; the task shape, `Built` and `build_task`, is
+`longhaul.envs.state_task`, shared with ``multistep``; the wheels are `longhaul.envs.wheel`.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import io
 import json
-import random
 import re
-import shlex
-import zipfile
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from longhaul.envs.workspace import Action, WorkspaceTask
+from longhaul.envs import kit
+from longhaul.envs.kit import lines, make_registry, pick, sentence, word, words
+from longhaul.envs.state_task import Built, build_task, q, run
+from longhaul.envs.wheel import make_wheel
+from longhaul.envs.workspace import WorkspaceTask
 
 FAMILY = "terminal"
 VERSION = "1"
-DIFFICULTIES = (1, 2, 3)
-SPLIT_SEED_BASE = {"train": 0, "heldout": 1_000_000}
-MAX_TASK_BYTES = 50_000  # all files and hidden files of one task together
-# -I: the checker itself never loads the user site (/work/.local), where an agent could plant a
-# usercustomize.py or .pth file that exits 0 at start-up; probes that need the user site (an
-# installed package) run in a child interpreter and must print the expected JSON.
-VERIFY_COMMAND = "python3 -I .longhaul_hidden/check.py"
-
-# ------------------------------------------------------------------ the hidden checker --
-
-# The same program for every task; what it checks comes from the task's spec.json (a list of
-# checks). It runs in the verify copy's /work and stops at the first failure with exit 1.
-CHECKER = r'''"""Hidden state check of a longhaul task: the checks of spec.json against the files in the cwd."""
-import json
-import os
-import subprocess
-import sys
-import tarfile
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORK = os.getcwd()
-
-
-def fail(msg):
-    print("FAIL: " + msg)
-    sys.exit(1)
-
-
-def raw(path):
-    if not os.path.isfile(path):
-        fail(f"{path} is missing or not a regular file")
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def text(path):
-    try:
-        return raw(path).decode("utf-8")
-    except UnicodeDecodeError:
-        fail(f"{path} is not UTF-8 text")
-
-
-def chomp(s):
-    return s[:-1] if s.endswith("\n") else s
-
-
-def walk(root, skip_hidden):
-    found = {}
-    for d, dirs, files in os.walk(root):
-        if skip_hidden:
-            dirs[:] = [x for x in dirs if not x.startswith(".")]
-            files = [x for x in files if not x.startswith(".")]
-        for name in files:
-            p = os.path.join(d, name)
-            found[os.path.relpath(p, root)] = p
-        for name in dirs:  # os.walk does not descend into links to directories: name them as entries
-            p = os.path.join(d, name)
-            if os.path.islink(p):
-                found[os.path.relpath(p, root)] = p
-    return found
-
-
-def member_name(name):
-    while name.startswith("./"):
-        name = name[2:]
-    if name.startswith("/") or ".." in name.split("/"):
-        fail(f"archive member {name!r} has an absolute or '..' path")
-    return name
-
-
-def check(c):
-    op, path = c["op"], c.get("path")
-    if op == "text":  # exact text; one final newline more or less is accepted
-        if chomp(text(path)) != chomp(c["expect"]):
-            fail(f"{path} does not have the expected content")
-    elif op == "answer":  # a short answer: surrounding whitespace is ignored
-        if text(path).strip() != c["expect"]:
-            fail(f"{path} does not hold the right answer")
-    elif op == "json":
-        try:
-            got = json.loads(text(path))
-        except ValueError as e:
-            fail(f"{path} is not valid JSON ({e})")
-        if got != c["expect"]:
-            fail(f"{path} does not hold the expected JSON")
-    elif op == "json_key":
-        try:
-            got = json.loads(text(path))
-        except ValueError as e:
-            fail(f"{path} is not valid JSON ({e})")
-        if not isinstance(got, dict) or got.get(c["key"]) != c["expect"]:
-            fail(f"{path}: key {c['key']!r} does not have the expected value")
-    elif op == "absent":
-        if os.path.lexists(path):
-            fail(f"{path} should not exist")
-    elif op == "tree":  # exactly these regular files under root, byte for byte
-        root = c["root"]
-        if not os.path.isdir(root):
-            fail(f"{root}/ is missing")
-        found = walk(root, c.get("skip_hidden", False))
-        want = c["files"]
-        extra = sorted(set(found) - set(want))
-        missing = sorted(set(want) - set(found))
-        if missing:
-            fail(f"missing under {root}/: {', '.join(missing[:5])}")
-        if extra:
-            fail(f"unexpected under {root}/: {', '.join(extra[:5])}")
-        for rel, content in want.items():
-            p = found[rel]
-            if os.path.islink(p) or not os.path.isfile(p):
-                fail(f"{p} is not a regular file")
-            if raw(p) != content.encode("utf-8"):
-                fail(f"{p} does not have the expected content")
-    elif op == "mode":
-        if os.path.islink(path) or not os.path.isfile(path):
-            fail(f"{path} is missing or not a regular file")
-        mode = os.stat(path).st_mode
-        if c["exec"] and not mode & 0o100:
-            fail(f"{path} is not executable")
-        if not c["exec"] and mode & 0o111:
-            fail(f"{path} should not be executable")
-    elif op == "tar":  # a gzip tar holding exactly these regular files (directory entries are ignored)
-        raw(path)
-        try:
-            with tarfile.open(path, "r:gz") as tf:
-                got = {}
-                for m in tf.getmembers():
-                    if m.isdir():
-                        continue
-                    name = member_name(m.name)
-                    if not m.isfile():
-                        fail(f"archive member {name!r} is not a regular file")
-                    data = tf.extractfile(m).read().decode("utf-8", "replace")
-                    if name in got and got[name] != data:
-                        fail(f"archive member {name!r} appears twice with different content")
-                    got[name] = data
-        except (tarfile.TarError, OSError, EOFError) as e:
-            fail(f"{path} is not a readable .tar.gz archive ({e})")
-        want = c["files"]
-        if sorted(got) != sorted(want):
-            missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-            fail(f"{path}: missing members {missing[:5]}, unexpected members {extra[:5]}")
-        for name, content in want.items():
-            if got[name] != content:
-                fail(f"{path}: member {name!r} does not have the expected content")
-    elif op == "python":  # a probe in a child interpreter (agent code may exit or print): its last line is JSON
-        try:
-            env = {k: v for k, v in os.environ.items() if k != "PYTHONNOUSERSITE"}  # the probe sees what the agent installed
-            r = subprocess.run([sys.executable, "-c", c["code"], WORK], cwd=HERE, capture_output=True, text=True,
-                               timeout=c.get("timeout", 20), env=env)
-        except subprocess.TimeoutExpired:
-            fail(f"{c['what']}: the probe timed out")
-        lines = [x for x in r.stdout.splitlines() if x.strip()]
-        if r.returncode != 0 or not lines:
-            fail(f"{c['what']}: the probe failed: {(r.stderr.strip().splitlines() or ['no output'])[-1][:200]}")
-        try:
-            got = json.loads(lines[-1])
-        except ValueError:
-            fail(f"{c['what']}: the probe printed no JSON")
-        if got != c["expect"]:
-            bad = sorted(k for k in c["expect"] if not isinstance(got, dict) or got.get(k) != c["expect"][k])
-            fail(f"{c['what']}: wrong {', '.join(bad) or 'result'}")
-    else:
-        fail(f"unknown check {op!r}")
-
-
-def main():
-    with open(os.path.join(HERE, "spec.json"), encoding="utf-8") as f:
-        spec = json.load(f)
-    for c in spec["checks"]:
-        check(c)
-    print("ok")
-
-
-if __name__ == "__main__":
-    main()
-'''
-
-
-# ------------------------------------------------------------------ generic task machinery --
-
-@dataclass
-class Built:
-    """What a sub-family builder returns."""
-
-    instruction: str
-    files: dict  # path -> str | bytes
-    checks: list  # the checks of spec.json, run in order
-    reference: tuple  # Actions (submit excluded)
-    setup: tuple = ()
-    test_command: str | None = None
-    check_python: bool = False
-
-
-@dataclass(frozen=True)
-class SubFamily:
-    name: str
-    build: Callable[[random.Random, int], Built]
-
-
-def make_registry():
-    """A sub-family dict and the decorator that fills it."""
-    registry: dict[str, SubFamily] = {}
-
-    def register(name: str):
-        def deco(build):
-            registry[name] = SubFamily(name, build)
-            return build
-        return deco
-
-    return registry, register
-
-
-def task_id(family: str, version: str, subfamily: str, seed: int, difficulty: int) -> str:
-    return f"{family}/v{version}/{subfamily}/{seed}" + (f"-d{difficulty}" if difficulty != 1 else "")
-
-
-def build_task(family: str, version: str, registry: dict, seed: int, difficulty: int = 1,
-               subfamily: str | None = None) -> WorkspaceTask:
-    """The task for ``seed``: the sub-family is drawn from the seed unless given."""
-    if difficulty not in DIFFICULTIES:
-        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
-    names = sorted(registry)
-    if subfamily is not None and subfamily not in registry:
-        raise ValueError(f"unknown sub-family {subfamily!r}; valid: {', '.join(names)}")
-    rng = random.Random(seed)
-    drawn = names[rng.randrange(len(names))]  # drawn even when forced, so the rest of the stream is the same
-    name = subfamily or drawn
-    b = registry[name].build(rng, difficulty)
-    hidden = {"check.py": CHECKER, "spec.json": json.dumps({"checks": b.checks}, sort_keys=True, indent=1) + "\n"}
-    files, setup = dict(b.files), tuple(b.setup)
-    size = sum(len(v.encode() if isinstance(v, str) else v) for v in (*files.values(), *hidden.values()))
-    if size > MAX_TASK_BYTES:
-        raise RuntimeError(f"{family}/{name}/d{difficulty}/{seed}: {size} bytes of files, over {MAX_TASK_BYTES}")
-    if not b.reference:
-        raise RuntimeError(f"{family}/{name}: no reference actions")
-    return WorkspaceTask(task_id=task_id(family, version, name, seed, difficulty), family=family, version=version, seed=seed,
-                         difficulty=difficulty, subfamily=name, instruction=b.instruction, files=files,
-                         hidden_files=hidden, verify_command=VERIFY_COMMAND, reference=tuple(b.reference),
-                         setup=setup, test_command=b.test_command, check_python=b.check_python,
-                         verify_timeout_s=30.0)
-
-
-def split_tasks(make, registry: dict, split: str, n: int, difficulty: int = 1,
-                subfamilies: list[str] | None = None) -> list[WorkspaceTask]:
-    """``n`` tasks with seeds ``SPLIT_SEED_BASE[split] + i``; with ``subfamilies``, each seed draws one of them."""
-    if split not in SPLIT_SEED_BASE:
-        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLIT_SEED_BASE)}")
-    if difficulty not in DIFFICULTIES:
-        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
-    if not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be a non-negative integer, got {n!r}")
-    pool = None
-    if subfamilies is not None:
-        pool = list(subfamilies)
-        unknown = [s for s in pool if s not in registry]
-        if unknown or not pool:
-            raise ValueError(f"unknown or empty sub-family list {unknown or pool}; valid: {', '.join(sorted(registry))}")
-    base = SPLIT_SEED_BASE[split]
-    out = []
-    for seed in range(base, base + n):
-        chosen = None if pool is None else pool[random.Random(seed).randrange(len(pool))]
-        out.append(make(seed, difficulty, chosen))
-    return out
-
-
-# ------------------------------------------------------------------ content helpers --
-
-_CONS = "bdfghklmnprstvz"
-_VOWELS = "aeiou"
-
-
-def word(rng: random.Random, lo: int = 2, hi: int = 3) -> str:
-    """A pronounceable lowercase pseudo-word of lo..hi syllables."""
-    return "".join(rng.choice(_CONS) + rng.choice(_VOWELS) for _ in range(rng.randint(lo, hi)))
-
-
-def words(rng: random.Random, n: int, lo: int = 2, hi: int = 3, avoid=()) -> list[str]:
-    """n distinct pseudo-words, none in ``avoid``, in draw order."""
-    seen, out = set(avoid), []
-    while len(out) < n:
-        w = word(rng, lo, hi)
-        if w not in seen:
-            seen.add(w)
-            out.append(w)
-    return out
-
-
-def sentence(rng: random.Random, lo: int = 3, hi: int = 7) -> str:
-    return " ".join(word(rng, 1, 3) for _ in range(rng.randint(lo, hi)))
-
-
-def lines(items) -> str:
-    return "".join(f"{x}\n" for x in items)
-
-
-def q(s: str) -> str:
-    return shlex.quote(s)
-
-
-def run(command: str) -> Action:
-    return Action("run", {"command": command})
-
-
-def write(path: str, content: str) -> Action:
-    return Action("write_file", {"path": path, "content": content})
-
-
-def read(path: str) -> Action:
-    return Action("read_file", {"path": path})
-
-
-def _pick(d: int, *levels):
-    return levels[d - 1]
-
+DIFFICULTIES = kit.DIFFICULTIES
+SPLIT_SEED_BASE = kit.SPLIT_SEED_BASE
 
 SUBFAMILIES, _register = make_registry()
 
@@ -358,7 +42,7 @@ SUBFAMILIES, _register = make_registry()
 
 @_register("sort_unique")
 def _sort_unique(rng, d):
-    n = _pick(d, rng.randint(12, 18), rng.randint(20, 30), rng.randint(25, 35))
+    n = pick(d, rng.randint(12, 18), rng.randint(20, 30), rng.randint(25, 35))
     vocab = words(rng, n)
     counts = {w: rng.choice((1, 1, 2, 3, 4)) for w in vocab}
     if d == 3:  # a clear frequency order at the top, then ties broken by word
@@ -415,9 +99,9 @@ def _sort_unique(rng, d):
 @_register("csv_group_sum")
 def _csv_group_sum(rng, d):
     group = rng.choice(("region", "store", "team", "city", "branch", "depot"))
-    groups = words(rng, _pick(d, rng.randint(3, 4), rng.randint(4, 5), rng.randint(4, 6)))
+    groups = words(rng, pick(d, rng.randint(3, 4), rng.randint(4, 5), rng.randint(4, 6)))
     items = words(rng, 6, avoid=groups)
-    nrows = _pick(d, rng.randint(10, 14), rng.randint(18, 26), rng.randint(30, 45))
+    nrows = pick(d, rng.randint(10, 14), rng.randint(18, 26), rng.randint(30, 45))
     cols = ["id", group, "item", "qty", "price"] + (["status"] if d == 3 else [])
     rng.shuffle(cols)
     rows = []
@@ -435,7 +119,7 @@ def _csv_group_sum(rng, d):
         v = int(r["qty"]) * (int(r["price"]) if d > 1 else 1)
         totals[r[group]] = totals.get(r[group], 0) + v
     expect = lines([f"{group},total"] + [f"{g},{totals[g]}" for g in sorted(totals)])
-    what = _pick(d, "the sum of `qty`", "the sum of `qty * price`", "the sum of `qty * price` over the rows whose `status` is `paid`")
+    what = pick(d, "the sum of `qty`", "the sum of `qty * price`", "the sum of `qty * price` over the rows whose `status` is `paid`")
     instruction = (f"`sales.csv` is a CSV file with a header row (plain commas, no quoting). Write `totals.csv` with the header "
                    f"`{group},total` and then one row `{group.upper()},TOTAL` per {group} (in byte order of the {group} name), "
                    f"where TOTAL is {what} for that {group}" + (f" (leave out a {group} with no paid rows)" if d == 3 else "") + ".")
@@ -449,11 +133,11 @@ def _csv_group_sum(rng, d):
 
 @_register("rename_ext")
 def _rename_ext(rng, d):
-    dirs = ["docs"] + [f"docs/{w}" for w in words(rng, _pick(d, 1, 2, 2), 2, 2)]
+    dirs = ["docs"] + [f"docs/{w}" for w in words(rng, pick(d, 1, 2, 2), 2, 2)]
     if d > 1:
         dirs.append(f"{dirs[1]}/{word(rng, 2, 2)}")
     files, expect = {}, {}
-    n = _pick(d, rng.randint(4, 6), rng.randint(8, 11), rng.randint(9, 12))
+    n = pick(d, rng.randint(4, 6), rng.randint(8, 11), rng.randint(9, 12))
     stems = words(rng, n + 4)
     for i in range(n):
         base = stems[i]
@@ -463,7 +147,7 @@ def _rename_ext(rng, d):
         content = lines([sentence(rng) for _ in range(rng.randint(1, 3))])
         files[f"{dr}/{base}.txt"] = content
         expect[f"{dr}/{base}.md"[len('docs/'):]] = content
-    for j, ext in enumerate(_pick(d, (".log",), (".log", ".txt.bak", ".cfg"), (".log", ".txt.bak", ".text"))):
+    for j, ext in enumerate(pick(d, (".log",), (".log", ".txt.bak", ".cfg"), (".log", ".txt.bak", ".text"))):
         dr = dirs[j % len(dirs)]
         content = lines([sentence(rng)])
         files[f"{dr}/{stems[n + j]}{ext}"] = content
@@ -489,10 +173,10 @@ _WORDCH = re.compile(r"[A-Za-z0-9_]")
 def _grep_files(rng, d):
     tag = rng.choice(("TODO", "FIXME", "HACK", "XXX", "BUG", "NOTE"))
     token = f"{tag}-{rng.randint(100, 9999)}"
-    dirs = ["src"] + [f"src/{w}" for w in words(rng, _pick(d, 1, 3, 4), 2, 2)]
+    dirs = ["src"] + [f"src/{w}" for w in words(rng, pick(d, 1, 3, 4), 2, 2)]
     if d > 1:
         dirs.append(f"{dirs[1]}/{word(rng, 2, 2)}")
-    n = _pick(d, rng.randint(7, 9), rng.randint(12, 16), rng.randint(16, 22))
+    n = pick(d, rng.randint(7, 9), rng.randint(12, 16), rng.randint(16, 22))
     names = words(rng, n)
     kinds = ["real"] * rng.randint(2, 4)
     if d > 1:
@@ -531,12 +215,12 @@ def _log_line(rng, level, comp, status, extra=""):
 def _count_matches(rng, d):
     comps = words(rng, 4, 2, 2)
     dirs = ["logs"] + ([f"logs/{w}" for w in words(rng, 2, 2, 2)] if d == 3 else [])
-    names = words(rng, _pick(d, rng.randint(3, 4), rng.randint(4, 5), rng.randint(5, 7)), 2, 2)
+    names = words(rng, pick(d, rng.randint(3, 4), rng.randint(4, 5), rng.randint(5, 7)), 2, 2)
     files, expect = {}, []
     for i, nm in enumerate(names):
         path = f"{dirs[i % len(dirs)]}/{nm}.log"
         out, count = [], 0
-        for _ in range(rng.randint(*_pick(d, (4, 9), (8, 14), (8, 16)))):
+        for _ in range(rng.randint(*pick(d, (4, 9), (8, 14), (8, 16)))):
             level = rng.choice(("INFO", "INFO", "WARN", "ERROR", "ERROR", "DEBUG"))
             status = rng.choice((200, 200, 201, 404, 500, 502, 503, 302))
             extra = " after ERROR" if d > 1 and level != "ERROR" and rng.random() < 0.25 else ""
@@ -564,8 +248,8 @@ def _sed_replace(rng, d):
     old = f"{a}{rng.randint(1, 9)}.{b}.{dom}"
     new = f"{word(rng, 2, 2)}{rng.randint(1, 9)}.{b}.{dom}"
     lookalike = old.replace(".", "-")  # matches the unescaped pattern `a1.b.dom`, never the literal string
-    dirs = ["site"] + [f"site/{w}" for w in words(rng, _pick(d, 1, 2, 3), 2, 2)]
-    n = _pick(d, rng.randint(4, 6), rng.randint(7, 10), rng.randint(9, 12))
+    dirs = ["site"] + [f"site/{w}" for w in words(rng, pick(d, 1, 2, 3), 2, 2)]
+    n = pick(d, rng.randint(4, 6), rng.randint(7, 10), rng.randint(9, 12))
     names = words(rng, n)
     files = {}
     for i, nm in enumerate(names):
@@ -604,7 +288,7 @@ def _tar_archive(rng, d):
     subs = words(rng, 2, 2, 2)
     dirs = ["data", f"data/{subs[0]}", f"data/{subs[1]}"]
     files = {}
-    n = _pick(d, rng.randint(5, 7), rng.randint(7, 9), rng.randint(8, 11))
+    n = pick(d, rng.randint(5, 7), rng.randint(7, 9), rng.randint(8, 11))
     names = words(rng, n + 3)
     exts = [".csv", ".csv", ".txt", ".json", ".log"]
     for i, nm in enumerate(names[:n]):
@@ -696,9 +380,9 @@ def _fix_perms(rng, d):
 
 @_register("log_json")
 def _log_json(rng, d):
-    comps = words(rng, _pick(d, 3, 4, 5), 2, 2)
+    comps = words(rng, pick(d, 3, 4, 5), 2, 2)
     levels = ("INFO", "WARN", "ERROR", "DEBUG")
-    n = _pick(d, rng.randint(10, 15), rng.randint(18, 26), rng.randint(25, 35))
+    n = pick(d, rng.randint(10, 15), rng.randint(18, 26), rng.randint(25, 35))
     t = rng.randint(0, 10_000)
     out, recs = [], []
     for i in range(n):
@@ -743,34 +427,7 @@ def _log_json(rng, d):
     return Built(instruction, {"app.log": lines(out)}, [{"op": "json", "path": "summary.json", "expect": summary}], (ref,))
 
 
-# ---- the offline wheelhouse --
-
-_ZIP_DATE = (2024, 1, 1, 0, 0, 0)
-
-
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def make_wheel(name: str, version: str, modules: dict[str, str], requires: tuple = (), summary: str = "") -> tuple[str, bytes]:
-    """(file name, bytes) of a pure-Python wheel holding ``modules`` (path -> source); byte-identical for the same inputs."""
-    info = f"{name}-{version}.dist-info"
-    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", f"Summary: {summary or name}"]
-    meta += [f"Requires-Dist: {r}" for r in requires]
-    entries = {**modules, f"{info}/METADATA": lines(meta),
-               f"{info}/WHEEL": lines(["Wheel-Version: 1.0", "Generator: longhaul", "Root-Is-Purelib: true", "Tag: py3-none-any"]),
-               f"{info}/top_level.txt": lines(sorted({p.split("/")[0].removesuffix(".py") for p in modules}))}
-    record = [f"{p},{_record_hash(t.encode())},{len(t.encode())}" for p, t in entries.items()] + [f"{info}/RECORD,,"]
-    entries[f"{info}/RECORD"] = lines(record)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        for path, content in entries.items():
-            zi = zipfile.ZipInfo(path, date_time=_ZIP_DATE)
-            zi.compress_type = zipfile.ZIP_DEFLATED
-            zi.external_attr = 0o644 << 16
-            zf.writestr(zi, content.encode())
-    return f"{name}-{version}-py3-none-any.whl", buf.getvalue()
-
+# ---- the offline wheelhouse (wheels from `longhaul.envs.wheel`) --
 
 def _codec_source(name, version, func, shift, mark, dep=None):
     rot = (f"from {dep} import rotate\n" if dep else
@@ -831,7 +488,7 @@ def _wheel_install(rng, d):
         fname, data = make_wheel(dep, dv, {f"{dep}/__init__.py": src})
         files[f"wheelhouse/{fname}"] = data
     want = versions[0]
-    n = _pick(d, rng.randint(4, 7), rng.randint(10, 16), rng.randint(14, 20))
+    n = pick(d, rng.randint(4, 7), rng.randint(10, 16), rng.randint(14, 20))
     inputs = [" ".join(word(rng, 1, 3).capitalize() if rng.random() < 0.3 else word(rng, 1, 3) for _ in range(rng.randint(1, 4)))
               + rng.choice(("", "", "!", f" {rng.randint(1, 99)}")) for _ in range(n)]
     files["input.txt"] = lines(inputs)
@@ -868,4 +525,4 @@ def make_task(seed: int, difficulty: int = 1, subfamily: str | None = None) -> W
 
 def make_split(split: str, n: int, difficulty: int = 1, subfamilies: list[str] | None = None) -> list[WorkspaceTask]:
     """``n`` tasks with seeds ``SPLIT_SEED_BASE[split] + i`` (train: 0, heldout: 1_000_000)."""
-    return split_tasks(make_task, SUBFAMILIES, split, n, difficulty, subfamilies)
+    return kit.split_tasks(make_task, SUBFAMILIES, split, n, difficulty, subfamilies)

@@ -1,0 +1,157 @@
+"""The files a task family's version is made of: the modules its tasks import and the data they read.
+
+`family_sources(modules)` reads (never imports) each module and follows its import statements,
+at module level and inside functions, into every module of a followed top-level package:
+`longhaul`, and the top-level package of each starting module (a plugin's own package). For each
+module it reaches it also takes the data named by a string literal of that module: a file beside
+the module or at the root of its top-level package (`"state_check.py"`, `"data/words.txt"`), or a
+folder there that is not a package (`"repos"`). A plugin that is a package ships all of its
+non-Python files too, whatever names them.
+
+Rules that keep the graph to what a family's tasks use:
+- the `__init__` of a parent package, which Python runs as a side effect of importing a submodule,
+  is not followed (each `longhaul.envs` module would otherwise depend on the registry and so on
+  every family); `from pkg import name` follows `pkg/__init__.py` only when `name` is not a module;
+- a folder is taken only inside a package, never in a directory on `sys.path`, so a single-module
+  plugin ships only the files it names beside it.
+
+Not seen: modules imported by a computed name (`importlib.import_module(f"...")`), files opened
+through a computed name outside a plugin package, and code outside the followed packages (the
+standard library, installed dependencies); a family that depends on those says so in its VERSION.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+
+FOLLOWED = ("longhaul",)  # always followed, besides the starting modules' own packages
+
+
+def content_hash(name: str, version: str, modules, locations: dict | None = None) -> str:
+    """16 hex digits of the family's name, version and every file of `family_sources`."""
+    h = hashlib.sha256(f"{name}\0{version}\0".encode())
+    for label, path in family_sources(modules, locations).items():
+        data = path.read_bytes()
+        h.update(f"{label}\0{len(data)}\0".encode() + data)
+    return h.hexdigest()[:16]
+
+
+def family_sources(modules, locations: dict | None = None) -> dict[str, Path]:
+    """`{label: file}` of every module and data file that `modules` (dotted names) depend on; a
+    label is the path from the top-level package's parent (`longhaul/envs/terminal.py`), the same
+    wherever the package is installed. `locations` ({top-level name: directory or file}) reads a
+    package from elsewhere than where Python finds it (a checkout that is not the one imported)."""
+    tops = {name: _top_location(name) for name in {*FOLLOWED, *(m.split(".")[0] for m in modules)}}
+    tops.update({name: Path(where).resolve() for name, where in (locations or {}).items()})
+    tops = {name: where for name, where in tops.items() if where is not None}
+    out: dict[str, Path] = {}
+    seen: set[str] = set()
+    todo = [m for m in modules if _module_file(m, tops) is not None]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = _module_file(name, tops)
+        tree = ast.parse(path.read_bytes(), str(path))
+        out[_label(path, tops[name.split(".")[0]])] = path
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        todo += [m for m in _imports(tree, package, lambda m: _module_file(m, tops) is not None)]
+        for f in _named_data(tree, path, tops[name.split(".")[0]]):
+            out[_label(f, tops[name.split(".")[0]])] = f
+    for name in {m.split(".")[0] for m in modules} - set(FOLLOWED):
+        where = tops.get(name)
+        if where is not None and (where / "__init__.py").is_file():  # a regular package, not a namespace
+            for f in _files_under(where):
+                if f.suffix != ".py":
+                    out[_label(f, where)] = f
+    return dict(sorted(out.items()))
+
+
+def _top_location(top: str) -> Path | None:
+    """The directory of top-level package `top`, or the file of a top-level module."""
+    mod = sys.modules.get(top)
+    if mod is not None:
+        paths = list(getattr(mod, "__path__", []) or [])
+        where = paths[0] if paths else getattr(mod, "__file__", None)
+    else:
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            return None
+        if spec is None:
+            return None
+        where = (list(spec.submodule_search_locations or []) or [spec.origin])[0]
+    return Path(where).resolve() if where and Path(where).exists() else None
+
+
+def _module_file(name: str, tops: dict[str, Path]) -> Path | None:
+    top, *rest = name.split(".")
+    where = tops.get(top)
+    if where is None:
+        return None
+    if where.is_file():
+        return where if not rest else None
+    base = where.joinpath(*rest)
+    for cand in ((base.with_name(base.name + ".py"),) if rest else ()) + (base / "__init__.py",):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _imports(tree: ast.AST, package: str, known) -> list[str]:
+    """Dotted names of the modules (or packages) of `known` that `tree`'s import statements run."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                if node.level - 1 >= len(parts):
+                    continue
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            subs = [f"{base}.{a.name}" for a in node.names if a.name != "*"]
+            modules = [m for m in subs if known(m)]
+            out += modules
+            if len(modules) < len(node.names):  # a name that is not a submodule is read from `base` itself
+                out.append(base)
+    return [m for m in out if known(m)]
+
+
+def _named_data(tree: ast.AST, path: Path, top: Path) -> list[Path]:
+    """Files beside `path` (or at the root of its top-level package) named by a string literal."""
+    bases = [path.parent] + ([top] if top.is_dir() and top != path.parent else [])
+    inside_package = (path.parent / "__init__.py").is_file()
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        rel = node.value
+        if not 0 < len(rel) < 200 or "\n" in rel or "\0" in rel or rel.startswith("/"):
+            continue
+        parts = rel.split("/")
+        if any(p in ("", ".", "..", "__pycache__") or p.startswith(".") for p in parts):
+            continue
+        for base in bases:
+            cand = base.joinpath(*parts)
+            if cand.is_file() and cand.suffix not in (".pyc", ".pyo"):
+                out.append(cand)
+            elif inside_package and cand.is_dir() and not (cand / "__init__.py").exists():
+                out += _files_under(cand)
+    return out
+
+
+def _files_under(root: Path) -> list[Path]:
+    return sorted(f for f in root.rglob("*") if f.is_file() and f.suffix not in (".pyc", ".pyo") and not any(
+        p == "__pycache__" or p.startswith(".") for p in f.relative_to(root).parts))
+
+
+def _label(path: Path, top: Path) -> str:
+    return str(path.relative_to(top.parent)) if path.is_relative_to(top.parent) else str(path)

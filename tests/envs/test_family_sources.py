@@ -1,0 +1,179 @@
+"""A family's content hash covers what its tasks import and read, found from the import graph: an
+edit to a module a family depends on (directly or through another module) makes its envcheck entry
+stale, an edit elsewhere does not. Built-ins are hashed from an edited copy of the package; a
+plugin package is written here, imported, and edited in place."""
+
+import shutil
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import longhaul
+from longhaul.envs.registry import families, get_family, reward_family
+from longhaul.envs.sources import content_hash, family_sources
+
+PACKAGE = Path(longhaul.__file__).parent
+FAMILIES = families()
+
+
+@pytest.fixture(scope="module")
+def pkg_copy(tmp_path_factory):
+    """A copy of the longhaul package to edit."""
+    root = tmp_path_factory.mktemp("src") / "longhaul"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    return root
+
+
+def hashes(root) -> dict[str, str]:
+    """Every built-in family's content hash over the package at `root`."""
+    return {n: content_hash(f.name, f.version, f.modules, {"longhaul": root}) for n, f in FAMILIES.items()}
+
+
+@pytest.fixture(scope="module")
+def baseline(pkg_copy):
+    return hashes(pkg_copy)
+
+
+def stale_after_editing(root, baseline, rel: str) -> set[str]:
+    """The families whose hash changes when `rel` (a file under the package) gains a line."""
+    path = root / rel
+    original = path.read_bytes()
+    try:
+        path.write_bytes(original + b"\n# edited\n")
+        after = hashes(root)
+    finally:
+        path.write_bytes(original)
+    return {n for n in baseline if baseline[n] != after[n]}
+
+
+def test_the_copy_hashes_like_the_installed_package(baseline):
+    assert baseline == {n: f.content_hash() for n, f in FAMILIES.items()}
+
+
+WORKSPACE = {"bugfix", "terminal", "multistep"}
+
+
+@pytest.mark.parametrize("rel, stale", [
+    ("envs/terminal.py", {"terminal"}),
+    ("envs/multistep.py", {"multistep"}),
+    ("envs/state_check.py", {"terminal", "multistep"}),  # the checker program, a file state_task.py names
+    ("envs/state_task.py", {"terminal", "multistep"}),
+    ("envs/kit.py", {"funcgen", "echo", "terminal", "multistep"}),
+    ("envs/wheel.py", {"terminal"}),
+    ("envs/workspace.py", WORKSPACE),  # the env every workspace task runs in
+    ("sandbox/spec.py", WORKSPACE),  # reached through workspace -> longhaul.sandbox's __init__
+    ("envs/patch.py", WORKSPACE),
+    ("envs/mutate.py", {"bugfix"}),
+    ("envs/repos/catalog.json", {"bugfix"}),  # data a module names ("repos")
+    ("envs/code.py", {"humaneval"}),
+    ("envs/funcgen.py", {"funcgen"}),
+    ("types.py", WORKSPACE | {"echo"}),
+    ("envs/registry.py", set()),  # the package __init__ imports it, but no family's module does
+    ("envs/__init__.py", set()),
+    ("cli.py", set()),
+    ("rl/grpo.py", set()),
+])
+def test_an_edit_makes_exactly_the_dependent_families_stale(pkg_copy, baseline, rel, stale):
+    assert (pkg_copy / rel).is_file(), rel
+    assert stale_after_editing(pkg_copy, baseline, rel) == stale
+
+
+def test_sources_are_labelled_from_the_package_root():
+    src = family_sources(["longhaul.envs.multistep"])
+    assert {"longhaul/envs/multistep.py", "longhaul/envs/state_task.py", "longhaul/envs/state_check.py",
+            "longhaul/envs/workspace.py", "longhaul/sandbox/__init__.py"} <= set(src)
+    assert not {"longhaul/envs/registry.py", "longhaul/envs/__init__.py", "longhaul/__init__.py"} & set(src)
+    assert all(path.is_file() for path in src.values())
+
+
+# ------------------------------------------------------------------ a plugin package --
+
+PLUGIN = {
+    "__init__.py": "",
+    "family.py": """
+        from pathlib import Path
+
+        from kitplug import helpers
+        from .words import WORDS
+
+        NAMES = (Path(__file__).parent / "data" / "names.txt").read_text().split()
+
+
+        class Fam:
+            FAMILY = "kitplug"
+            VERSION = "1"
+
+            @staticmethod
+            def make_split(split, n, difficulty=1, subfamilies=None):
+                return [helpers.task(i, WORDS, NAMES) for i in range(n)]
+
+            @staticmethod
+            def score_many(tasks, replies, **_):
+                return []
+
+            @staticmethod
+            def reference_reply(task):
+                return task
+        """,
+    "helpers.py": """
+        from kitplug.util import deep
+
+
+        def task(i, words, names):
+            return deep.join(words[i % len(words)], names[i % len(names)])
+        """,
+    "util/__init__.py": "",
+    "util/deep.py": "def join(a, b):\n    return a + b\n",
+    "words.py": "WORDS = ['anchor', 'bridge']\n",
+    "reward.py": "def reward(completions, tasks):\n    return [1.0 for _ in completions]\n",
+    "unused.py": "X = 1\n",
+    "data/names.txt": "ada bob\n",
+    "templates/prompt.txt": "a file nothing names\n",
+}
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    root = tmp_path / "kitplug"
+    for rel, text in PLUGIN.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(textwrap.dedent(text).lstrip())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield root
+    for name in [m for m in sys.modules if m == "kitplug" or m.startswith("kitplug.")]:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize("rel, stale", [
+    ("family.py", True),
+    ("helpers.py", True),  # imported by the family module
+    ("util/deep.py", True),  # imported by the helper
+    ("words.py", True),  # a relative import
+    ("data/names.txt", True),  # data beside the modules
+    ("templates/prompt.txt", True),  # a package ships all of its data, named or not
+    ("unused.py", False),
+    ("reward.py", False),  # only when it is the family's reward function
+])
+def test_a_plugin_helper_or_data_edit_makes_the_plugin_stale(plugin, rel, stale):
+    fam = get_family("kitplug.family:Fam")
+    assert fam.make_split("train", 2) == ["anchorada", "bridgebob"]
+    before = fam.content_hash()
+    (plugin / rel).write_text((plugin / rel).read_text() + "# edited\n")
+    assert (fam.content_hash() != before) is stale
+
+
+def test_a_plugin_reward_function_is_part_of_the_version(plugin):
+    fam = reward_family(get_family("kitplug.family:Fam"), "kitplug.reward:reward")
+    assert "kitplug/reward.py" in fam.sources() and "kitplug/family.py" in fam.sources()
+    before = fam.content_hash()
+    (plugin / "reward.py").write_text((plugin / "reward.py").read_text() + "# edited\n")
+    assert fam.content_hash() != before
+
+
+def test_a_single_module_plugin_takes_the_longhaul_modules_it_imports(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples" / "plugins"))
+    src = get_family("wordtasks:CountLines").sources()
+    assert "wordtasks.py" in src and "longhaul/envs/workspace.py" in src and "longhaul/types.py" in src
+    assert not [label for label in src if label.startswith("longhaul/envs/repos")]
