@@ -132,3 +132,45 @@ def test_subfamily_unit_resumes_and_refuses_a_checkpoint_kept_per_task():
     assert again.queues[0].weights == first.queues[0].weights and again.metrics() == first.metrics()
     with pytest.raises(LonghaulError, match="resume with the same scheduling.curriculum_unit"):
         make("task").load_state_dict(state)
+
+
+def _stats(passes: int, n: int) -> TaskStats:
+    s = TaskStats()
+    for i in range(n):
+        s.add(i < passes, 64)
+    return s
+
+
+def test_expected_signal_is_the_chance_a_group_has_mixed_outcomes_relative_to_a_coin():
+    f, cfg = CURRICULA["expected_signal"], SchedulingConfig()
+    # Beta(1, 1) posterior mean p = (passes + 1) / (n + 2); weight (1 - p^4 - (1 - p)^4) / (1 - 2 / 16)
+    assert f(_stats(0, 4), cfg, 4) == pytest.approx((1 - (1 / 6) ** 4 - (5 / 6) ** 4) / 0.875, abs=1e-12)
+    assert f(_stats(0, 4), cfg, 4) == pytest.approx(0.591, abs=1e-3)
+    assert f(_stats(0, 16), cfg, 4) == pytest.approx(0.234, abs=1e-3)
+    assert f(_stats(8, 16), cfg, 4) == pytest.approx(1.0)
+    assert f(_stats(16, 16), cfg, 4) == pytest.approx(f(_stats(0, 16), cfg, 4))  # solved and hopeless alike
+    assert f(_stats(3, 12), cfg, 8) > f(_stats(3, 12), cfg, 2)  # bigger groups find a rare pass more often
+    assert f(_stats(2, 8), cfg, 1) == pytest.approx(4 * 0.3 * 0.7)  # one sample: its variance, p (1 - p) / (1/4)
+
+
+def test_expected_signal_keeps_drawing_a_kind_whose_first_group_failed():
+    """A sub-family that passes 10% of the time fails a group of 4 two times in three; the band
+    then floors it 40x below a learnable one until a pass comes back into its window, while
+    expected_signal weighs it ~0.6 after one failed group (measured: 0.30 of the later draws
+    against 0.20 for the band, which gives the learnable kind 0.78)."""
+    rates = {0: 0.1, 1: 0.5, 2: 1.0}
+    shares = {}
+    for name in ("learnable_band", "expected_signal"):
+        cfg = SchedulingConfig(curriculum=name, curriculum_unit="subfamily", boost=4.0, floor=0.1, min_samples=4)
+        sched = TaskScheduler([_kinds_domain(30)], cfg, seed=1, group_size=GROUP)
+        rng, late = random.Random(1), Counter()
+        for step in range(60):
+            for d in sched.next_tasks(8):
+                kind = int(d.task.task_id.split("/")[1]) % 3
+                if step >= 10:
+                    late[kind] += 1
+                sched.record(Outcome("d", d.task.task_id, 0.0, rng.random() < rates[kind]) for _ in range(GROUP))
+        shares[name] = {k: late[k] / sum(late.values()) for k in rates}
+    assert shares["expected_signal"][0] > 0.25 and shares["expected_signal"][0] > 1.3 * shares["learnable_band"][0], shares
+    assert shares["learnable_band"][1] > shares["expected_signal"][1] + 0.15, shares  # the band concentrates on one kind
+    assert shares["expected_signal"][1] > shares["expected_signal"][2], shares  # still favours the learnable kind

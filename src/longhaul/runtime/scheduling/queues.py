@@ -58,7 +58,7 @@ class DomainQueue:
     def _fresh_stats(self) -> None:
         self.by_unit = {key: TaskStats() for key in self.members}
         self.stats = [self.by_unit[key] for key in self.unit]  # a task's view: shared by the tasks of one unit
-        self.weights = [self.policy(s, self.cfg) for s in self.stats]
+        self.weights = [self.policy(s, self.cfg, self.group_size) for s in self.stats]
 
     # budget and availability
     def reserved(self) -> int:
@@ -101,7 +101,7 @@ class DomainQueue:
             stats = self.stats[i]
             stats.add(passed, self.cfg.window)
             for j in self.members[self.unit[i]]:
-                self.weights[j] = self.policy(stats, self.cfg)
+                self.weights[j] = self.policy(stats, self.cfg, self.group_size)
         left = self.in_flight.get(i, 0) - 1
         if left > 0:
             self.in_flight[i] = left
@@ -134,7 +134,7 @@ class DomainQueue:
             s = self.by_unit[key]
             s.recent.extend(bool(x) for x in recent)
             s.draws = draws
-        self.weights = [self.policy(s, self.cfg) for s in self.stats]
+        self.weights = [self.policy(s, self.cfg, self.group_size) for s in self.stats]
         self.in_flight = {}  # episodes in flight at the checkpoint never came back: their reservations are returned
 
 
