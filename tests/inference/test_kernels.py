@@ -3,10 +3,10 @@ gathered cache, F.rms_norm) with stated tolerances; the runner with and without 
 GEMM panel width this CPU runs; the fallback when they cannot be built; and oneDNN's packed
 fp32 and bf16 linears on each CPU path this CPU has."""
 
+import fcntl
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -269,15 +269,28 @@ def test_a_build_compiles_its_own_copy_of_the_sources(native):
         assert (out / "src" / f.name).read_bytes() == f.read_bytes()
 
 
-def test_a_lock_left_by_a_killed_build_is_removed_only_when_old(tmp_path):
-    lock = tmp_path / "lock"
-    lock.write_bytes(b"")
-    kernels._drop_stale_lock(tmp_path)
-    assert lock.exists(), "a fresh lock has a builder: wait for it"
-    os.utime(lock, (time.time() - 3600,) * 2)
-    kernels._drop_stale_lock(tmp_path)
-    assert not lock.exists()
-    kernels._drop_stale_lock(tmp_path)  # no lock: nothing to do
+def test_a_lock_left_by_a_killed_loader_is_removed_by_the_next(tmp_path):
+    (tmp_path / "lock").write_bytes(b"")  # torch's lock file, as a loader killed mid-load leaves it
+    with kernels._builder(tmp_path):
+        assert not (tmp_path / "lock").exists()
+
+
+def test_the_builder_lock_is_exclusive_and_released_when_its_holder_dies(tmp_path):
+    path = tmp_path / "builder.flock"
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)", str(path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with open(path, "a") as f:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            holder.kill()
+            holder.wait(timeout=30)
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel let go of the dead holder's lock
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.mark.parametrize("v", [49152, 1001, 7])

@@ -20,11 +20,12 @@ does), so the first run does not pay the ~1 minute build.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import sys
-import time
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -82,9 +83,9 @@ def native():
         out.mkdir(parents=True, exist_ok=True)
         if not any(out.glob("*.so")):
             print(f"longhaul: building the fp32 decode kernels into {out} (once, about a minute)", file=sys.stderr, flush=True)
-        _drop_stale_lock(out)
-        module = load(name="longhaul_cpu_kernels", sources=[str(s) for s in _own_copy(out)], build_directory=str(out),
-                      extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
+        with _builder(out):
+            module = load(name="longhaul_cpu_kernels", sources=[str(s) for s in _own_copy(out)], build_directory=str(out),
+                          extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # a compiler or linker error: the engine still runs on oneDNN
         lines = str(e).strip().splitlines()
         first = next((ln for ln in lines if "error:" in ln), lines[0] if lines else type(e).__name__)
@@ -110,17 +111,23 @@ def _own_copy(out: Path) -> list[Path]:
     return sorted(src.glob("*.cpp"))
 
 
-def _drop_stale_lock(out: Path, after_s: float = 900.0) -> None:
-    """Remove a build lock left by a process killed while building (torch's loader would wait on
-    it forever); a build takes a minute or two, so a lock this old has no builder."""
-    lock = out / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except OSError:
-        return
-    if age > after_s:
-        print(f"longhaul: removing {lock}, left {age / 60:.0f} min ago by a build that did not finish", file=sys.stderr, flush=True)
-        lock.unlink(missing_ok=True)
+@contextmanager
+def _builder(out: Path):
+    """Hold `out/builder.flock` while torch's loader runs. torch's own lock (`out/lock`) is a
+    plain file that a killed loader leaves behind, and every later loader waits on it forever;
+    an flock is released by the kernel when its holder dies. Every longhaul loader holds the
+    flock while it loads, so a `lock` file found by the process that holds it was left by a
+    loader that is gone, and is removed."""
+    with open(out / "builder.flock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            lock = out / "lock"
+            if lock.exists():
+                print(f"longhaul: removing {lock}, left by a kernel build that did not finish", file=sys.stderr, flush=True)
+                lock.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def prune_builds(current: Path, keep: int = KEEP_BUILDS) -> list[Path]:
