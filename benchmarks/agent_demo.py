@@ -9,7 +9,7 @@ on the same held-out tasks, each in `runs/<name>_<ablation>` and starting from t
 demonstrations and base evaluation:
 - `rl_from_base`: the same RL stage from the base model, no cold start (`stages: [rl]`);
 - `sft_same_wall_clock`: SFT alone for the main run's SFT + RL wall clock (its steps scaled by
-  that ratio, `stages: [sft]`).
+  that ratio, or `--sft-steps`, `stages: [sft]`).
 Each ablation is compared with the main run's SFT+RL policy by an exact McNemar test on the
 paired tasks. `--humaneval` adds HumanEval pass@1 of the base and final policies.
 
@@ -73,6 +73,9 @@ def main() -> int:
     ap.add_argument("--config", default=str(ROOT / "examples" / "agent.yaml"))
     ap.add_argument("--ablations", action="store_true", help="also RL from base and SFT for the same wall clock")
     ap.add_argument("--humaneval", action="store_true", help="HumanEval pass@1 of the base and final policies")
+    ap.add_argument("--sft-steps", type=int, default=None,
+                    help="steps of the SFT-alone ablation (default: the main run's SFT steps scaled by its (SFT + RL) / SFT "
+                         "wall clock; set it when that run's clock was not its own, e.g. a stage shared the cores)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("overrides", nargs="*", help="dotted overrides of the pipeline config, e.g. eval.tasks=20")
     args = ap.parse_args()
@@ -88,7 +91,8 @@ def main() -> int:
         t = summary["timing_s"]
         ratio = (t["sft"] + t["rl"]) / t["sft"]
         steps = yaml.safe_load((main_dir / "sft" / "config.yaml").read_text())["train"]["steps"]  # what the main run's SFT ran
-        long_sft = {**cfg.sft, "train": {**cfg.sft.get("train", {}), "steps": max(steps + 1, round(steps * ratio))}}
+        long_steps = args.sft_steps or max(steps + 1, round(steps * ratio))
+        long_sft = {**cfg.sft, "train": {**cfg.sft.get("train", {}), "steps": long_steps}}
         runs = {"rl_from_base": (ablation(cfg, main_dir, "rl_from_base", {"stages": ["rl"]}), "rl"),
                 "sft_same_wall_clock": (ablation(cfg, main_dir, "sft_same_wall_clock", {"stages": ["sft"], "sft": long_sft}), "sft")}
         summary["ablations"] = {name: {**compare(main_dir, d, stage, sets, transfer),
