@@ -206,3 +206,27 @@ def test_an_object_of_a_library_type_does_not_tie_the_version_to_that_library():
     assert _modules_of(SimpleNamespace(), "kitplug.family:FAM") == ("kitplug.family",)
     assert _modules_of(functools.partial(print), "kitplug.reward:score") == ("kitplug.reward",)
     assert _modules_of(shutil.copytree, "kitplug.reward:copy") == ("kitplug.reward",)
+
+
+def test_data_spelled_in_literal_pieces_is_seen_in_a_single_module_and_a_namespace_package(tmp_path, monkeypatch):
+    """`Path(__file__).parent / "data" / "names.txt"` and `os.path.join("data", "more.txt")` name
+    files as surely as one literal; a namespace package (no __init__.py) may name a folder."""
+    code = ("import os\nfrom pathlib import Path\n"
+            "NAMES = (Path(__file__).parent / 'data' / 'names.txt').read_text()\n"
+            "MORE = open(os.path.join(os.path.dirname(__file__), 'data', 'more.txt')).read()\n"
+            "WORDS = sorted((Path(__file__).parent / 'words').iterdir())\n")
+    single, ns = tmp_path / "single", tmp_path / "ns" / "nsplug"
+    for root in (single, ns):
+        (root / "data").mkdir(parents=True)
+        (root / "words").mkdir()
+        for f in ("data/names.txt", "data/more.txt", "data/unnamed.txt", "words/a.txt"):
+            (root / f).write_text("x\n")
+    (single / "singleplug.py").write_text(code)
+    (ns / "fam.py").write_text(code)
+    monkeypatch.syspath_prepend(str(single))
+    monkeypatch.syspath_prepend(str(tmp_path / "ns"))
+    one = family_sources(["singleplug"])
+    assert {"data/names.txt", "data/more.txt"} <= set(one) and "data/unnamed.txt" not in one
+    assert "words/a.txt" not in one  # a folder beside a module on sys.path is not a package's data
+    spaced = family_sources(["nsplug.fam"])
+    assert {"nsplug/data/names.txt", "nsplug/data/more.txt", "nsplug/words/a.txt"} <= set(spaced)
