@@ -177,3 +177,56 @@ def test_a_single_module_plugin_takes_the_longhaul_modules_it_imports(monkeypatc
     src = get_family("wordtasks:CountLines").sources()
     assert "wordtasks.py" in src and "longhaul/envs/workspace.py" in src and "longhaul/types.py" in src
     assert not [label for label in src if label.startswith("longhaul/envs/repos")]
+
+
+def test_the_hash_does_not_depend_on_where_or_under_what_name_the_package_lives(plugin, tmp_path):
+    elsewhere = tmp_path / "checkouts" / "kitplug_dev"
+    shutil.copytree(plugin, elsewhere)
+    fam = get_family("kitplug.family:Fam")
+    moved = family_sources(fam.modules, {"kitplug": elsewhere})
+    assert set(moved) == set(fam.sources()) and all(label.startswith("kitplug/") for label in moved)
+    assert content_hash(fam.name, fam.version, fam.modules, {"kitplug": elsewhere}) == fam.content_hash()
+
+
+def test_what_a_build_or_a_run_leaves_in_a_package_is_not_part_of_its_version(plugin):
+    fam = get_family("kitplug.family:Fam")
+    before = fam.content_hash()
+    for rel in ("_speedups.so", "build/lib/x.txt", "kitplug.egg-info/PKG-INFO", "data/run.log", "data/cache.lock"):
+        (plugin / rel).parent.mkdir(parents=True, exist_ok=True)
+        (plugin / rel).write_text("made by a build or a run\n")
+    assert fam.content_hash() == before
+
+
+def test_an_object_of_a_library_type_does_not_tie_the_version_to_that_library():
+    import functools
+    from types import SimpleNamespace
+
+    from longhaul.envs.registry import _modules_of
+
+    assert _modules_of(SimpleNamespace(), "kitplug.family:FAM") == ("kitplug.family",)
+    assert _modules_of(functools.partial(print), "kitplug.reward:score") == ("kitplug.reward",)
+    assert _modules_of(shutil.copytree, "kitplug.reward:copy") == ("kitplug.reward",)
+
+
+def test_data_spelled_in_literal_pieces_is_seen_in_a_single_module_and_a_namespace_package(tmp_path, monkeypatch):
+    """`Path(__file__).parent / "data" / "names.txt"` and `os.path.join("data", "more.txt")` name
+    files as surely as one literal; a namespace package (no __init__.py) may name a folder."""
+    code = ("import os\nfrom pathlib import Path\n"
+            "NAMES = (Path(__file__).parent / 'data' / 'names.txt').read_text()\n"
+            "MORE = open(os.path.join(os.path.dirname(__file__), 'data', 'more.txt')).read()\n"
+            "WORDS = sorted((Path(__file__).parent / 'words').iterdir())\n")
+    single, ns = tmp_path / "single", tmp_path / "ns" / "nsplug"
+    for root in (single, ns):
+        (root / "data").mkdir(parents=True)
+        (root / "words").mkdir()
+        for f in ("data/names.txt", "data/more.txt", "data/unnamed.txt", "words/a.txt"):
+            (root / f).write_text("x\n")
+    (single / "singleplug.py").write_text(code)
+    (ns / "fam.py").write_text(code)
+    monkeypatch.syspath_prepend(str(single))
+    monkeypatch.syspath_prepend(str(tmp_path / "ns"))
+    one = family_sources(["singleplug"])
+    assert {"data/names.txt", "data/more.txt"} <= set(one) and "data/unnamed.txt" not in one
+    assert "words/a.txt" not in one  # a folder beside a module on sys.path is not a package's data
+    spaced = family_sources(["nsplug.fam"])
+    assert {"nsplug/data/names.txt", "nsplug/data/more.txt", "nsplug/words/a.txt"} <= set(spaced)

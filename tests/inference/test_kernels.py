@@ -7,6 +7,7 @@ import fcntl
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -269,25 +270,49 @@ def test_a_build_compiles_its_own_copy_of_the_sources(native):
         assert (out / "src" / f.name).read_bytes() == f.read_bytes()
 
 
-def test_a_lock_left_by_a_killed_loader_is_removed_by_the_next(tmp_path):
-    (tmp_path / "lock").write_bytes(b"")  # torch's lock file, as a loader killed mid-load leaves it
+def test_a_lock_left_by_a_killed_loader_is_removed_by_the_next_once_old(tmp_path, monkeypatch):
+    lock = tmp_path / "lock"  # torch's lock file, as a loader killed mid-load leaves it
+    lock.write_bytes(b"")
+    os.utime(lock, (time.time() - 2,) * 2)
+    monkeypatch.setattr(kernels, "DEAD_LOCK_S", 3.0)  # fresh: a compiler of the dead loader may still write
+    t0 = time.monotonic()
     with kernels._builder(tmp_path):
-        assert not (tmp_path / "lock").exists()
+        assert not lock.exists()
+    assert time.monotonic() - t0 >= 0.5, "a fresh lock is waited on until it is DEAD_LOCK_S old"
+
+
+HOLD = ("import sys, time; from pathlib import Path; from longhaul.inference import kernels\n"
+        "with kernels._builder(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(120)")
 
 
 def test_the_builder_lock_is_exclusive_and_released_when_its_holder_dies(tmp_path):
-    path = tmp_path / "builder.flock"
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)", str(path)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with open(path, "a") as f:
+        fd = os.open(tmp_path / kernels.LOCKING, os.O_RDWR)
+        try:
             with pytest.raises(BlockingIOError):
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             holder.kill()
             holder.wait(timeout=30)
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel let go of the dead holder's lock
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel let go of the dead holder's lock
+        finally:
+            os.close(fd)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_prune_leaves_a_build_that_a_loader_holds(tmp_path):
+    (tmp_path / "current").mkdir()
+    held, free = tmp_path / "torch2-held", tmp_path / "torch2-free"
+    for d in (held, free):
+        d.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(held)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert kernels.prune_builds(tmp_path / "current", keep=0) == [free]
+        assert held.is_dir() and not free.exists()
     finally:
         holder.kill()
         holder.wait()

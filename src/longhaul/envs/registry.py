@@ -167,10 +167,20 @@ def family_from_object(obj, spec: str) -> Family:
 
 
 def _modules_of(obj, spec: str) -> tuple:
-    """The module a spec names and the one that defines `obj` (a re-export may differ)."""
-    owner = obj if inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
-    defined = obj.__name__ if inspect.ismodule(obj) else getattr(owner, "__module__", None)
-    return tuple(dict.fromkeys(m for m in (spec.partition(":")[0], defined) if m))
+    """The module a spec names and the one that defines `obj` (a re-export may differ), the latter
+    only when it is the plugin's own package or longhaul: an object of a standard-library or
+    third-party type (a `SimpleNamespace`, a `functools.partial`) would otherwise tie the version
+    to that library's files, which differ between machines."""
+    named = spec.partition(":")[0]
+    if inspect.ismodule(obj):
+        defined = obj.__name__
+    elif inspect.isclass(obj) or inspect.isfunction(obj):
+        defined = obj.__module__
+    else:
+        defined = getattr(type(obj), "__module__", None)
+    if defined and defined.split(".")[0] not in (named.split(".")[0], "longhaul"):
+        defined = None
+    return tuple(dict.fromkeys(m for m in (named, defined) if m))
 
 
 def get_family(name: str) -> Family:

@@ -25,6 +25,7 @@ import hashlib
 import os
 import shutil
 import sys
+import time
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -34,6 +35,8 @@ import torch
 CSRC = Path(__file__).resolve().parent / "csrc"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
 KEEP_BUILDS = 3  # other builds kept beside the one loaded (other checkouts, other torch versions)
+LOCKING = "builder.flock"  # the file every loader flocks around torch's load (`_builder`)
+DEAD_LOCK_S = 120.0  # torch's lock file this old, seen by the flock's holder, has no builder
 
 
 def _unavailable(why: str) -> None:
@@ -61,7 +64,9 @@ def build_dir(sources: list[Path]) -> Path:
     files = sorted({*sources, *CSRC.glob("*.h")})
     # torch's location: its include paths are written into the build, so another venv's torch is another build
     where = str(Path(torch.__file__).resolve().parent)
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files) + " ".join(FLAGS).encode() + where.encode()).hexdigest()[:12]
+    # LOCKING names the loaders' lock protocol: loaders that lock differently never share a build
+    key = b"".join(f.read_bytes() for f in files) + " ".join(FLAGS).encode() + where.encode() + LOCKING.encode()
+    digest = hashlib.sha256(key).hexdigest()[:12]
     return root / f"torch{torch.__version__.split('+')[0]}-{digest}"
 
 
@@ -113,27 +118,68 @@ def _own_copy(out: Path) -> list[Path]:
 
 @contextmanager
 def _builder(out: Path):
-    """Hold `out/builder.flock` while torch's loader runs. torch's own lock (`out/lock`) is a
-    plain file that a killed loader leaves behind, and every later loader waits on it forever;
-    an flock is released by the kernel when its holder dies. Every longhaul loader holds the
-    flock while it loads, so a `lock` file found by the process that holds it was left by a
-    loader that is gone, and is removed."""
-    with open(out / "builder.flock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    """Hold an flock on `out/builder.flock` while torch's loader runs. torch's own lock
+    (`out/lock`) is a plain file that a killed loader leaves behind, and every later loader
+    waits on it forever; an flock is released by the kernel when its holder dies. Every loader
+    holds the flock while it loads, so the `lock` file its holder finds was left by a loader that
+    is gone, or by a compiler that loader started and that may still be writing: it is removed
+    once it is `DEAD_LOCK_S` old. Where flock is unavailable (some network file systems), torch's
+    lock alone guards the build, as before."""
+    fd = _open_lock(out / LOCKING)
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"longhaul: waiting for the kernel build in {out} (another process holds it)", file=sys.stderr, flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            _clear_dead_lock(out / "lock")
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the flock
+
+
+def _open_lock(path: Path) -> int | None:
+    """A descriptor to flock `path` through (read-only where the file is another user's), or
+    None where flock cannot be used here."""
+    for flags in (os.O_RDWR | os.O_CREAT, os.O_RDONLY):
         try:
-            lock = out / "lock"
-            if lock.exists():
-                print(f"longhaul: removing {lock}, left by a kernel build that did not finish", file=sys.stderr, flush=True)
-                lock.unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fd = os.open(path, flags, 0o666)
+        except PermissionError:
+            continue
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a probe: can this file system flock at all
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            pass  # held by a builder: flock works
+        except OSError:  # ENOLCK, EOPNOTSUPP
+            os.close(fd)
+            return None
+        return fd
+    return None
+
+
+def _clear_dead_lock(lock: Path) -> None:
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except OSError:
+            return
+        if age >= DEAD_LOCK_S:
+            print(f"longhaul: removing {lock}, left by a kernel build that did not finish", file=sys.stderr, flush=True)
+            lock.unlink(missing_ok=True)
+            return
+        time.sleep(min(1.0, DEAD_LOCK_S - age))
 
 
 def prune_builds(current: Path, keep: int = KEEP_BUILDS) -> list[Path]:
     """Mark `current` used and delete the builds beside it but the `keep` most recently used; a
-    build whose lock file exists (being built by another process) is left alone. A cache, so a
-    deleted build that is wanted again is rebuilt. Returns the directories removed."""
+    build another process is loading (its flock held, or torch's lock file present) is left
+    alone. A cache, so a deleted build that is wanted again is rebuilt. Returns the directories
+    removed."""
     try:
         os.utime(current)
         others = [d for d in current.parent.glob("torch*-*") if d.is_dir() and d != current]
@@ -142,9 +188,19 @@ def prune_builds(current: Path, keep: int = KEEP_BUILDS) -> list[Path]:
         return []
     removed = []
     for d in others[keep:]:
-        if not (d / "lock").exists():
+        if (d / "lock").exists():
+            continue
+        fd = _open_lock(d / LOCKING)
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
+        except BlockingIOError:
+            continue  # a loader holds it
+        finally:
+            if fd is not None:
+                os.close(fd)
     return removed
 
 

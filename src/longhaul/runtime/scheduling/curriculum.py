@@ -11,11 +11,12 @@ without extra state. Policies:
   carry a GRPO gradient); tasks stuck at 0 or 1 get `floor` (kept above 0 because the policy
   moves); tasks with fewer than `min_samples` outcomes get 1 (unexplored).
 - `expected_signal`: the chance that a group of `group_size` episodes of the task has mixed
-  outcomes (a GRPO gradient), from a Beta(1, 1) posterior of its pass rate, relative to the
-  chance at a pass rate of 1/2 (so an unexplored task weighs 1). A task that failed one group
-  of 4 still weighs 0.59, one that failed 16 episodes 0.23: unlike the band's boost and floor
-  (40x apart after a single group), a kind of task that few groups have tried keeps being
-  drawn, and the draws follow the evidence as it accumulates.
+  outcomes (a GRPO gradient), 1 - p^G - (1 - p)^G at the posterior mean p of its pass rate under
+  a uniform prior (a plug-in estimate), relative to the chance at p = 1/2 (so an unexplored task
+  weighs 1). A task that failed one group of 4 still weighs 0.59, one that failed 16 episodes
+  0.23: unlike the band's boost and floor (40x apart after a single group), a kind of task that
+  few groups have tried keeps being drawn, and the draws follow the evidence as it accumulates.
+  The lowest weight is set by `window` (p never leaves [1/(window+2), 1 - 1/(window+2)]).
 - `retire_solved`: a task whose last `min_samples` outcomes all passed gets 0; others 1.
 - `revisit_failures`: a task with a failure among its recent outcomes gets `boost`; others 1.
 
