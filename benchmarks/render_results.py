@@ -209,8 +209,7 @@ def agent_demo(results: Path) -> str:
              for k, m in d.items() if k in ("sft_vs_base", "rl_vs_sft")]
     tests += [f"{labels.get(n, n).removeprefix('ablation: ')} vs SFT + RL: p = {a['vs_sft_rl']['p_value']:.2g}"
               for n, a in d.get("ablations", {}).items()]
-    t = d.get("timing_s", {})
-    when = f"Host: {d.get('host')}; measured {d.get('measured_at', '?')[:10]}; pipeline wall clock {t.get('total', 0) / 60:.1f} min."
+    when = f"Host: {d.get('host') or '?'}; measured {d.get('measured_at', '?')[:10]}; stage times in docs/results/agent.md."
     return out + "\n" + "".join(f"- {line}\n" for line in tests) + "\n" + when + "\n"
 
 

@@ -88,5 +88,5 @@ def test_agent_demo_table_goes_into_the_readme(tmp_path):
     assert "| SFT + multi-turn GRPO | 21/60 (35.0%) [10, 50] | 1/30 | 13/164 |" in text
     assert "| ablation: RL from base, no SFT | 0/60 (0.0%) [10, 50] | 0/30 | - |" in text
     assert "rl vs sft: 2 gained, 0 lost, exact McNemar p = 0.5" in text
-    assert "pipeline wall clock 34.4 min" in text and text.endswith("<!-- /generated:agent_demo -->\nrest\n")
+    assert "Host: a test host; measured 2026-12-05" in text and text.endswith("<!-- /generated:agent_demo -->\nrest\n")
     assert render_results.render(tmp_path, check=True) == []
