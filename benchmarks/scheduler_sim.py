@@ -1,6 +1,6 @@
 """The longhaul placer vs FIFO on a simulated 1,000-node cluster shared by 300 domains.
 
-One synthetic workload (longhaul.runtime.scheduling.workload: its assumptions are stated
+One synthetic workload (benchmarks/sim/workload.py: its assumptions are stated
 there and in docs/scheduling.md) is replayed through each policy by the discrete-event
 simulator (cluster_sim). Prints a table (GPU and CPU utilisation, goodput, p50/p90/p99
 queueing delay, fairness error vs the weights, pre-emptions), checks the goal (higher
@@ -19,6 +19,7 @@ import dataclasses
 import html
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -29,12 +30,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from longhaul.eval.svg import bar_chart, line_chart
+from longhaul.placement.cluster import Resources
+from longhaul.placement.placer import PRESETS, PlacerConfig
 from longhaul.runtime.progress import console, progress_bar
-from longhaul.runtime.scheduling import cluster_sim
-from longhaul.runtime.scheduling.cluster import Resources
-from longhaul.runtime.scheduling.placer import PRESETS, PlacerConfig
-from longhaul.runtime.scheduling.workload import (CHECKPOINT_EVERY_S, NOTICE_OVERHEAD_S, REPLICA_LEAVE_S, SAVES_ON_NOTICE,
-                                                  STORAGE_GBPS, TRAIN_STATE_X, WorkloadSpec, make_workload)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for `benchmarks.sim`
+from benchmarks.sim import cluster_sim  # noqa: E402
+from benchmarks.sim.workload import (CHECKPOINT_EVERY_S, NOTICE_OVERHEAD_S, REPLICA_LEAVE_S, SAVES_ON_NOTICE,  # noqa: E402
+                                     STORAGE_GBPS, TRAIN_STATE_X, WorkloadSpec, make_workload)
 
 GPU_WORKER_CPUS_PER_GPU = 6  # what the workload's GPU workers ask (workload._job): the placer keeps that many beside a free GPU
 FAIRNESS_GOAL = 0.05  # the issue's goal: fairness within 5% of the weights, in 6 h and 1 h windows

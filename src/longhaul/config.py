@@ -229,7 +229,7 @@ class DomainConfig(Section):
 class SchedulingConfig(Section):
     """How domains share the rollout batch and how each domain picks its tasks."""
     mixing: Literal["stride", "sample"] = "stride"  # stride: deterministic weighted round robin (shares exact to a slot); sample: i.i.d. by weight
-    curriculum: str = "uniform"  # default policy (longhaul.runtime.scheduling.curriculum): uniform, learnable_band, expected_signal, retire_solved, revisit_failures
+    curriculum: str = "uniform"  # default policy (longhaul.runtime.domains.curriculum): uniform, learnable_band, expected_signal, retire_solved, revisit_failures
     # what the curriculum's outcomes are kept per: each task, or each sub-family (its tasks share one record;
     # with few draws per task, the only way a policy learns which kinds of task carry signal)
     curriculum_unit: Literal["task", "subfamily"] = "task"

@@ -19,7 +19,7 @@ checkpoint and the persisted replay buffer, as `longhaul train --resume` would.
 Failure handling for rollouts is the pool's (`pool.WorkerPool`): an actor that dies (killed, OOM, its node
 lost) fails its task with `RayActorError`; the pool creates a replacement and requeues the
 request; finished results were already handed over. Not owned here: scheduling policy across
-nodes (placement groups come from `runtime.scheduling`).
+nodes (placement groups come from `longhaul.placement.ray_mapping`).
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
 
 def _domain_parts(cfg: RunConfig, training: bool) -> tuple[list[Part], object]:
     """A joint run's domains (envcheck-gated, version-pinned) as parts, and their scheduler."""
-    from longhaul.runtime.scheduling import TaskScheduler
+    from longhaul.runtime.domains import TaskScheduler
 
     for d in cfg.domains:
         fam = get_family(d.family)

@@ -1,5 +1,5 @@
 """Where a run's training tasks come from: one family's tasks in order, or the multi-domain
-task scheduler (`runtime.scheduling`), behind one small interface the controller uses.
+task scheduler (`runtime.domains`), behind one small interface the controller uses.
 
     source.take(n)         -> [(domain or None, task)]   the next n tasks, each trained as one group
     source.record(groups)  feed the step's finished groups back (curriculum, budgets, metrics)
@@ -7,7 +7,7 @@ task scheduler (`runtime.scheduling`), behind one small interface the controller
     source.find(domain, task_id) -> task                 a task by id (a resumed run's requests)
     source.state_dict() / load_state_dict(state)          continue the same draws after a resume
 
-Not owned here: what a domain is, how shares and curricula work (`runtime.scheduling`).
+Not owned here: what a domain is, how shares and curricula work (`runtime.domains`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class ScheduledTasks:
         return [(d.domain, d.task) for d in self.scheduler.next_tasks(n)]
 
     def record(self, groups: list) -> None:
-        from longhaul.runtime.scheduling import Outcome
+        from longhaul.runtime.domains import Outcome
 
         outcomes = []
         for group in groups:
