@@ -213,7 +213,18 @@ def agent_demo(results: Path) -> str:
     return out + "\n" + "".join(f"- {line}\n" for line in tests) + "\n" + when + "\n"
 
 
-TABLES = {f.__name__: f for f in (agent_demo, engine, quant_quality, rl_step, rl_step_phases, sandbox_throughput, envcheck, contention,
+def agent_rollout(results: Path) -> str:
+    """One RL step's multi-turn rollout, continuous episodes against turn-synchronous rounds."""
+    d = load(results, "agent_rollout.json")
+    rows = [[name, seconds(r["seconds"]), f"{r['gen_tokens_per_s']:.0f}", r["turns"], f"{r['passed']}/{r['episodes']}"]
+            for name, r in d["schedules"].items()]
+    return (table(["schedule", "wall clock", "generated tok/s", "turns", "passed"], rows)
+            + f"\ncontinuous / rounds: {d['speedup_continuous_over_rounds']:.2f}x; the same tokens in every run: {d['same_tokens']}. "
+            f"{d['prompts']} tasks x {d['group']} episodes of {', '.join(d['families'])}, T = {d['temperature']}, median of "
+            f"{d['repeats']}; host: {d['host']}.\n")
+
+
+TABLES = {f.__name__: f for f in (agent_demo, agent_rollout, engine, quant_quality, rl_step, rl_step_phases, sandbox_throughput, envcheck, contention,
                                    async_vs_sync, async_scale, serve_load, serve_engine_process, scheduler_sim, scheduler_load)}
 
 

@@ -33,7 +33,7 @@ from longhaul.agent.single_turn import run_groups
 from longhaul.malloc import keep_freed_memory
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.hardware import native_bf16
-from longhaul.inference import SamplingParams, make_engine, sync_weights
+from longhaul.inference import RolloutParams, make_engine, sync_weights
 from longhaul.models import load_policy
 from longhaul.rl.grpo import GRPOTrainer
 from longhaul.types import Score
@@ -88,7 +88,7 @@ def ours(steps: int, fast: bool, phases: list[dict]) -> list[float]:
     trainer = GRPOTrainer(model, tok.pad_token_id, algo, train, temperature=1.0, max_new_tokens=128)
     sampler = make_engine(model, tok, "bfloat16" if fast else "float32")  # the rollout engine, as `longhaul train` uses
     reuse = trainer.reuse_rollout_forward(sampler)  # fp32: the rollout's forward is the training forward (same maths)
-    params = SamplingParams(max_new_tokens=128, temperature=1.0)
+    params = RolloutParams(max_new_tokens=128, temperature=1.0)
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())  # tied embeddings once
     times = []
     for step in range(steps):

@@ -97,3 +97,25 @@ def test_envcheck_json_names_families_tasks_valid_flaky_failing(tmp_path):
     assert {"families", "tasks", "valid", "flaky", "failing"} <= set(out)
     assert out["families"]["echo"]["status"] == "ok" and out["flaky"] == out["failing"] == []
     assert (tmp_path / "home" / "envcheck" / "manifest.json").exists()
+    mine = tmp_path / "mine" / "manifest.json"  # --manifest writes elsewhere and leaves the shared one alone
+    before = (tmp_path / "home" / "envcheck" / "manifest.json").read_text()
+    r = subprocess.run([sys.executable, "-m", "longhaul.cli", "envcheck", "echo", "--n", "2", "--json", "--manifest", str(mine)],
+                       cwd=tmp_path, capture_output=True, text=True, env={**env_home, "PYTHONPATH": str(ROOT / "src")}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["manifest"] == str(mine) and "echo" in json.loads(mine.read_text())["families"]
+    assert (tmp_path / "home" / "envcheck" / "manifest.json").read_text() == before
+
+
+def test_eval_draws_from_named_subfamilies_with_a_longer_context(tmp_path):
+    import json
+
+    args = ("eval", "--model", "tiny-llama", "--suite", "terminal", "--n", "3", "--max-turns", "1", "--max-new-tokens", "2040", "--json")
+    r = run_cli(*args, cwd=tmp_path)  # a terminal prompt and 2,040 new tokens do not fit tiny-llama's own 2,048 positions
+    _assert_clean_error(r, "--context-length", tmp_path)
+    r = run_cli(*args, "--subfamilies", "sed_replace,fix_perms", "--context-length", "8192", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["n"] == 3 and set(res["by_subfamily"]) <= {"sed_replace", "fix_perms"}
+    assert sum(g["n"] for g in res["by_subfamily"].values()) == 3
+    r = run_cli(*args, "--subfamilies", "nope", "--context-length", "8192", cwd=tmp_path)
+    _assert_clean_error(r, "sub-family list ['nope']; valid:", tmp_path)

@@ -63,6 +63,9 @@ def eval_cmd(
     samples: int = typer.Option(1, "--samples", help="answers per task: 1 is greedy; k > 1 samples for pass@k"),
     temperature: float = typer.Option(0.8, "--temperature", help="sampling temperature when --samples > 1"),
     dtype: str = typer.Option("auto", "--dtype", help="float32, bfloat16, or auto (bf16 where the CPU has it natively)"),
+    subfamilies: Optional[str] = typer.Option(None, "--subfamilies", help="comma-separated sub-families to draw from (default all)"),
+    context_length: Optional[int] = typer.Option(None, "--context-length",
+                                                 help="the model's context in tokens (default its own): room for long multi-turn episodes"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
 ):
     """Greedy pass rate of a model on held-out tasks of a family, with a 95% interval."""
@@ -78,7 +81,11 @@ def eval_cmd(
 
     if samples < 1:
         raise LonghaulError(f"--samples must be >= 1, got {samples}")
-    cfg = RunConfig.model_validate({"model": {"name": model}, "task": {"family": suite, "difficulty": difficulty, "require_envcheck": False},
+    if context_length is not None and context_length < 16:
+        raise LonghaulError(f"--context-length must be >= 16 tokens, got {context_length}")
+    subs = [x.strip() for x in subfamilies.split(",") if x.strip()] if subfamilies else None
+    cfg = RunConfig.model_validate({"model": {"name": model, "context_length": context_length},
+                                    "task": {"family": suite, "difficulty": difficulty, "require_envcheck": False, "subfamilies": subs},
                                     "train": {"steps": 0}, "eval": {"n_tasks": n, "max_new_tokens": max_new_tokens, "max_turns": max_turns},
                                     "log": {"progress": not json_out}})
     prep = prepare(cfg, training=False)
@@ -117,6 +124,8 @@ def envcheck(
     n: int = typer.Option(50, "--n", help="tasks per split of each family, spread over its difficulties"),
     runs: int = typer.Option(2, "--runs", help="runs of each task (>= 2, to find flaky tasks)"),
     workers: int = typer.Option(4, "--workers", help="episodes stepped in parallel"),
+    manifest: Optional[str] = typer.Option(None, "--manifest", help="the manifest to update (default $LONGHAUL_ENVCHECK_MANIFEST, "
+                                                                   "else $LONGHAUL_HOME/envcheck/manifest.json, which training reads)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
 ):
     """Validate tasks: the reference passes, the null agent fails, results repeat; write the manifest."""
@@ -132,7 +141,9 @@ def envcheck(
             t = prog.add_task(f"envcheck {name}", total=total, info="")
             yield lambda k: prog.advance(t, k)
 
-    res = run_envcheck(families or None, n, runs, workers, progress_factory=bar)
+    from pathlib import Path
+
+    res = run_envcheck(families or None, n, runs, workers, Path(manifest).expanduser() if manifest else None, progress_factory=bar)
     if json_out:
         print(json.dumps(res))
     else:
@@ -207,6 +218,21 @@ def env():
         print(f"{k}: {v}")
 
 
+def _speculative_config(text: str | None) -> dict | None:
+    """`--speculative-config`'s JSON object, or None."""
+    if text is None:
+        return None
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise LonghaulError(f"--speculative-config is not JSON ({e.msg}); pass e.g. '{{\"method\": \"ngram\"}}'") from None
+    if not isinstance(value, dict):
+        raise LonghaulError("--speculative-config must be a JSON object, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'")
+    return value
+
+
 @app.command("generate")
 def generate_cmd(
     model: str = typer.Option("smollm2-135m-instruct", "--model", help="built-in name, HF directory or .gguf"),
@@ -219,13 +245,15 @@ def generate_cmd(
     chat: bool = typer.Option(True, "--chat/--raw", help="wrap each prompt in the model's chat template, if it has one"),
     dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16"),
     json_out: bool = typer.Option(False, "--json", help="one JSON object a line per output"),
+    speculative_config: Optional[str] = typer.Option(None, "--speculative-config",
+                                                     help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\''),
 ):
     """Generate completions with the built-in inference engine."""
     import json
     import time
     from pathlib import Path
 
-    from longhaul.inference import EngineSamplingParams, LLMEngine
+    from longhaul.inference import LLMEngine, SamplingParams
 
     texts = list(prompt or [])
     if prompts_file:
@@ -237,8 +265,19 @@ def generate_cmd(
         raise LonghaulError("no prompts; pass --prompt TEXT or --prompts-file FILE")
     if dtype not in ("float32", "bfloat16"):
         raise LonghaulError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
-    params = EngineSamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
-    engine = LLMEngine(model=model, dtype=dtype)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    spec = _speculative_config(speculative_config)
+    if spec is not None:
+        from pydantic import ValidationError
+
+        from longhaul.inference.spec_worker import SpeculativeConfig
+
+        try:
+            spec = SpeculativeConfig(**spec)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise LonghaulError(f"--speculative-config: {'.'.join(map(str, err['loc'])) or 'value'}: {err['msg']}") from None
+    engine = LLMEngine(model=model, dtype=dtype, speculative_config=spec)
     tok = engine.tokenizer
     if chat and getattr(tok, "chat_template", None):
         ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False),
@@ -321,6 +360,8 @@ def serve_cmd(
     device: str = typer.Option("cpu", "--device", help="cpu, or cuda for a GPU"),
     engine_process: bool = typer.Option(True, "--engine-process/--engine-thread",
                                         help="step the engine in its own process (default) or in a thread of the server"),
+    speculative_config: Optional[str] = typer.Option(None, "--speculative-config",
+                                                     help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\''),
 ):
     """Serve a model over an OpenAI-compatible API (chat, completions, models, jobs, /metrics)."""
     from pydantic import ValidationError
@@ -332,7 +373,7 @@ def serve_cmd(
                           dtype=dtype, served_model_name=served_model_name, requests_per_minute=rpm, tokens_per_minute=tpm,
                           max_num_seqs=max_num_seqs, max_queued_requests=max_queued, max_model_len=max_model_len, queue=queue,
                           jobs_db=jobs_db, job_workers=job_workers, torch_threads=threads, device=device,
-                          engine_process=engine_process)
+                          engine_process=engine_process, speculative_config=_speculative_config(speculative_config))
     except ValidationError as e:
         err = e.errors()[0]
         raise LonghaulError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None

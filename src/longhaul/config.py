@@ -56,11 +56,14 @@ class RolloutConfig(Section):
     # stuck agent spends the rest of its turns' tokens for nothing; None: only max_turns ends it
     max_idle_turns: int | None = Field(3, ge=1)
     require_submit: bool = True  # multi-turn: an episode that never calls submit scores 0 ("unsubmitted")
+    # multi-turn episodes with the engine: each asks for its next reply as soon as its env has stepped
+    # (continuous), or all live episodes reply, then all envs step (rounds); samples are the same either way
+    schedule: Literal["continuous", "rounds"] = "continuous"
 
     def agent_options(self) -> dict:
         """The AgentConfig fields this section sets for multi-turn episodes."""
         return {"context": self.context, "keep_outputs": self.keep_outputs, "max_idle_turns": self.max_idle_turns,
-                "require_submit": self.require_submit}
+                "require_submit": self.require_submit, "schedule": self.schedule}
 
     @field_validator("dtype")
     @classmethod

@@ -202,3 +202,79 @@ def test_agent_counters_and_metrics(tok):
     assert m["pass_rate"] == pytest.approx(1 / 3) and m["submit_rate"] == pytest.approx(2 / 3)
     assert m["turns_to_submit"] == pytest.approx((4 + 4) / 2) and m["invalid_calls"] == pytest.approx(1 / 3)
     assert m["loop_rate"] == pytest.approx(2 / 3) and m["repair_rate"] == 1.0 and m["episodes_with_failures"] == 1
+
+
+def test_continuous_and_rounds_give_the_same_episodes_with_the_engine():
+    """Replies are seeded by episode key and turn, and the engine's outputs do not depend on the
+    batch: the two schedules sample the same tokens, though requests meet in different batches."""
+    from longhaul.inference import LLMEngine
+
+    model, mtok = load_policy("tiny-llama")
+    tasks = [task(i) for i in range(3) for _ in range(2)]
+    runs = {}
+    for schedule in ("continuous", "rounds"):
+        pol = ModelPolicy(LLMEngine(model=model, tokenizer=mtok), mtok, version=2, seed=5)
+        assert pol.concurrent
+        cfg = AgentConfig(max_turns=3, max_new_tokens=10, max_tokens=20_000, temperature=1.0, schedule=schedule)
+        runs[schedule] = run_episodes(pol, mtok, lambda t: WorkspaceEnv(), tasks, cfg, groups=[0, 0, 1, 1, 2, 2])
+    for a, b in zip(runs["continuous"], runs["rounds"]):
+        assert [t.completion_ids for t in a.turns] == [t.completion_ids for t in b.turns]
+        assert [t.prompt_ids for t in a.turns] == [t.prompt_ids for t in b.turns] and extends(a.turns)
+        assert max(abs(x - y) for s, r in zip(a.turns, b.turns) for x, y in zip(s.logprobs, r.logprobs)) < 1e-4
+        assert a.group == b.group and a.info["task_id"] == b.info["task_id"]
+    assert runs["continuous"][0].turns[0].completion_ids != runs["continuous"][1].turns[0].completion_ids  # a group's episodes differ
+
+
+class Paced:
+    """A scripted policy whose first reply to the "slow" episode takes until the "fast" one has
+    finished (or a timeout): it records the order replies were asked for."""
+
+    concurrent = True
+
+    def __init__(self, tok, scripts):
+        import threading
+
+        self.inner, self.calls, self.fast_done = ScriptedPolicy(tok, scripts), [], threading.Event()
+
+    def generate(self, prompts, sampling, keys):
+        self.calls.append(keys[0] if len(keys) == 1 else tuple(keys))
+        if keys == ["slow"] and self.calls.count("slow") == 1:
+            self.fast_done.wait(timeout=10)
+        out = self.inner.generate(prompts, sampling, keys)
+        if keys == ["fast"] and self.calls.count("fast") == len(ORACLE):
+            self.fast_done.set()
+        return out
+
+
+def test_continuous_episodes_do_not_wait_for_each_other(tok):
+    scripts = {"slow": ORACLE, "fast": ORACLE}
+    pol = Paced(tok, scripts)
+    trajs = run_episodes(pol, tok, lambda t: WorkspaceEnv(), [task(0), task(1)], AgentConfig(max_tokens=100_000), keys=list(scripts))
+    assert [t.reward for t in trajs] == [1.0, 1.0]
+    assert pol.calls.index("slow") < pol.calls.index("fast") or pol.calls[0] == "fast"
+    assert pol.fast_done.is_set() and pol.calls[-len(ORACLE) + 1:] == ["slow"] * (len(ORACLE) - 1)  # fast ran all its turns first
+    rounds = Paced(tok, scripts)
+    run_episodes(rounds, tok, lambda t: WorkspaceEnv(), [task(0), task(1)], AgentConfig(max_tokens=100_000, schedule="rounds"),
+                 keys=list(scripts))
+    assert rounds.calls == [("slow", "fast")] * len(ORACLE)  # one batch a round: each turn waits for the slowest
+
+
+def test_a_failing_policy_call_stops_every_episode_and_closes_their_envs(tok):
+    envs = []
+
+    class Env(WorkspaceEnv):
+        def __init__(self):
+            super().__init__()
+            envs.append(self)
+
+    class Failing(ScriptedPolicy):
+        def generate(self, prompts, sampling, keys):
+            if keys == ["bad"] and self._pos.get("bad", 0) == 1:
+                raise RuntimeError("the server went away")
+            return super().generate(prompts, sampling, keys)
+
+    scripts = {"bad": ORACLE, **{f"ok{i}": ORACLE for i in range(3)}}
+    with pytest.raises(RuntimeError, match="the server went away"):
+        run_episodes(Failing(tok, scripts), tok, lambda t: Env(), [task(i) for i in range(4)], AgentConfig(max_tokens=100_000),
+                     keys=list(scripts))
+    assert len(envs) == 4 and all(e.sb is None and e.session is None for e in envs)  # every sandbox torn down

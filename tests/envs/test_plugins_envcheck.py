@@ -75,6 +75,11 @@ def test_a_family_whose_reference_fails_is_failing_and_excluded(tmp_path, monkey
     e = res["families"]["reverse"]
     assert e["status"] == "failing" and len(e["failing"]) == 4
     assert all("does not pass" in e["reasons"][t] for t in e["failing"])
+    # the same tasks by split, then sub-family: where a problem is, without reading task ids
+    by_split = e["problems"]
+    assert set(by_split) <= {"train", "heldout"} and res["problems"] == {"reverse": by_split}
+    listed = [t for subs in by_split.values() for sub in subs.values() for t in sub["failing"] + sub["flaky"]]
+    assert sorted(listed) == sorted(e["failing"]) and all(set(subs) == {"reverse/reverse"} for subs in by_split.values())
 
 
 def _cfg(family, **task):

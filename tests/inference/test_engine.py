@@ -271,3 +271,13 @@ def test_threads_generating_at_once_share_batches_and_get_their_own_outputs():
         assert [o.token_ids for o in got[k]] == [o.token_ids for o in alone[k]]
         assert max(abs(a - b) for o, r in zip(got[k], alone[k]) for a, b in zip(o.logprobs, r.logprobs)) < 1e-4
     assert not engine.requests and not engine.has_unfinished_requests()
+
+
+def test_the_package_exports_the_engine_api_under_vllm_names():
+    from longhaul import inference
+
+    assert inference.SamplingParams is SamplingParams and "EngineSamplingParams" not in dir(inference)
+    model, tok = load_policy("tiny-llama")
+    out = inference.LLMEngine(model=model, tokenizer=tok).generate(
+        [[5, 17, 30]], inference.SamplingParams(max_tokens=7, ignore_eos=True, temperature=0))[0]
+    assert len(out.token_ids) == 7 and out.finish_reason == "length"

@@ -38,3 +38,19 @@ def test_bench_engine_writes_merged_results(tmp_path):
     assert r.returncode == 0 and "vs HF" in r.stdout
     saved = json.loads((tmp_path / "benchmarks" / "results" / "engine.json").read_text())
     assert sorted((row["dtype"], row["batch_size"]) for row in saved["rows"]) == [("bfloat16", 1), ("bfloat16", 2), ("float32", 1), ("float32", 2)]
+
+
+def test_generate_decodes_speculatively_with_the_same_greedy_tokens(tmp_path):
+    args = ("generate", "--model", "tiny-llama", "--prompt", "ab ab ab ab ab", "--max-tokens", "12", "--raw", "--json")
+    plain = run_cli(*args, cwd=tmp_path)
+    spec = run_cli(*args, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}', cwd=tmp_path)
+    assert plain.returncode == 0 and spec.returncode == 0, spec.stderr
+    assert json.loads(spec.stdout)["token_ids"] == json.loads(plain.stdout)["token_ids"]
+
+
+def test_a_bad_speculative_config_is_one_error_line(tmp_path):
+    for value, words in (("{method: ngram", "is not JSON"), ('["ngram"]', "must be a JSON object"),
+                         ('{"method": "medusa"}', "--speculative-config: method")):
+        r = run_cli("generate", "--model", "tiny-llama", "--prompt", "hi", "--speculative-config", value, cwd=tmp_path)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr

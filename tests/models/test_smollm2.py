@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from longhaul.agent.single_turn import encode_prompt
-from longhaul.inference import SamplingParams, generate
+from longhaul.inference import RolloutParams, generate
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def test_smollm2_shape_and_greedy_matches_hf(smollm2):
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size) == (30, 576, 9, 3, 49152)
     assert 134_000_000 < sum(p.numel() for p in model.parameters()) < 135_000_000
     prompt = encode_prompt(tok, "Write a Python function `add_two(x)` that returns x plus 2.")
-    ours = generate(model, tok, [prompt], SamplingParams(max_new_tokens=40, temperature=0))[0].token_ids
+    ours = generate(model, tok, [prompt], RolloutParams(max_new_tokens=40, temperature=0))[0].token_ids
     ref = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt):].tolist()
     assert ours == ref[: len(ours)]
     assert "def add_two" in tok.decode(ours)

@@ -349,9 +349,9 @@ def test_onpolicy_state_dict_round_trip_is_bit_identical():
 
 def _sample(model, tok, family, tasks, group_size, seed):
     from longhaul.agent.rollout import rollout_groups
-    from longhaul.inference import SamplingParams
+    from longhaul.inference import RolloutParams
 
-    params = SamplingParams(max_new_tokens=16, temperature=1.0, stop=family.stop)
+    params = RolloutParams(max_new_tokens=16, temperature=1.0, stop=family.stop)
     return rollout_groups(model, tok, family, tasks, group_size, params, seed=seed)[0]
 
 

@@ -268,11 +268,11 @@ def test_variants_train_both_models_and_report_every_metric(overrides):
 # from the model itself by the rollout sampler; a random tiny model emits them ~2% of the time.
 
 def _vowel_groups(model, tok, step: int, prompts, group_size=8, max_new_tokens=8):
-    from longhaul.inference import SamplingParams, generate
+    from longhaul.inference import RolloutParams, generate
 
     vowels = set(tok("aeiou", add_special_tokens=False).input_ids)
     flat = [p for p in prompts for _ in range(group_size)]
-    outs = generate(model, tok, flat, SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0), seed=step)
+    outs = generate(model, tok, flat, RolloutParams(max_new_tokens=max_new_tokens, temperature=1.0), seed=step)
     groups = [[] for _ in prompts]
     for i, o in enumerate(outs):
         n = len(o.token_ids)

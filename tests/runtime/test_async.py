@@ -82,13 +82,13 @@ def test_partial_rollout_switches_weights_mid_generation_and_records_versions():
     carry version 0 and are v0's greedy choices, the rest carry version 1 and are v1's."""
     import threading
 
-    from longhaul.inference import LLMEngine, SamplingParams, generate
+    from longhaul.inference import LLMEngine, RolloutParams, generate
     from longhaul.runtime.pool import policy_tensors
 
     v0, v1, tok = _two_versions()
     engine = LLMEngine(model=v0, tokenizer=tok, dtype="float32")
     prompt = tok("Say kalo kalo kalo", add_special_tokens=False).input_ids
-    params = SamplingParams(max_new_tokens=120, temperature=0)
+    params = RolloutParams(max_new_tokens=120, temperature=0)
     seen = {}
 
     def gen():
@@ -109,7 +109,7 @@ def test_partial_rollout_switches_weights_mid_generation_and_records_versions():
     k = out.versions.index(1)
     assert 10 <= k < len(out.token_ids) and out.versions == [0] * k + [1] * (len(out.versions) - k)
     ref = lambda model, n: generate(LLMEngine(model=model, tokenizer=tok, dtype="float32"), tok, [prompt + out.token_ids[:n]],
-                                    SamplingParams(max_new_tokens=1, temperature=0))[0].token_ids[0]
+                                    RolloutParams(max_new_tokens=1, temperature=0))[0].token_ids[0]
     assert out.token_ids[k - 1] == ref(v0, k - 1), "before the switch: version 0's greedy token"
     assert out.token_ids[k] == ref(v1, k), "after the switch: version 1's greedy token on the same prefix"
 
@@ -120,7 +120,7 @@ def test_a_worker_keeps_or_recomputes_inflight_kv_as_configured(kv):
     flight (recompute) or leaves them decoding on their K/V (keep); versions switch either way."""
     import threading
 
-    from longhaul.inference import SamplingParams, generate
+    from longhaul.inference import RolloutParams, generate
     from longhaul.runtime.pool import policy_tensors
     from longhaul.runtime.rollout import RolloutWorker, build_family, make_sampler
 
@@ -132,7 +132,7 @@ def test_a_worker_keeps_or_recomputes_inflight_kv_as_configured(kv):
     # held before the step after token 12 (4 per sequence) until the load is done: all three are still in flight
     worker.sampler.step_hook = gate = Gate(lambda: worker.sampler.stats()["generation_tokens_total"] >= 12)
     th = threading.Thread(target=lambda: seen.update(out=generate(worker.sampler, tok, [prompt] * 3,
-                                                                  SamplingParams(max_new_tokens=80, temperature=0))))
+                                                                  RolloutParams(max_new_tokens=80, temperature=0))))
     th.start()
     try:
         gate.wait(alive=th.is_alive)

@@ -125,12 +125,12 @@ def test_resume_evaluates_the_base_weights_not_the_resumed_ones(tmp_path, monkey
     """Each evaluation's sampler is probed with one greedy reply: the base probe equals a fresh
     sampler on the initial weights, the trained one does not."""
     import longhaul.runtime.sync as sync
-    from longhaul.inference import SamplingParams, generate
+    from longhaul.inference import RolloutParams, generate
     from longhaul.runtime.rollout import make_sampler
 
     seen = {}
     real = sync.evaluate_heldout
-    probe = lambda model, tok: generate(model, tok, [tok("Say kalo").input_ids], SamplingParams(max_new_tokens=6, temperature=0))[0]
+    probe = lambda model, tok: generate(model, tok, [tok("Say kalo").input_ids], RolloutParams(max_new_tokens=6, temperature=0))[0]
 
     def spy(prep, make_model, label, path, *a, **kw):
         def make():

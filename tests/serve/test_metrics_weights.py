@@ -117,3 +117,16 @@ def test_corrupt_or_unmanifested_weights_are_refused(model_dir, monkeypatch, tmp
     (copy / "config.json").write_text((copy / "config.json").read_text().replace('"silu"', '"gelu"'))  # same size
     with pytest.raises(LonghaulError, match="config.json.*does not match its sha256"):
         fetch(str(copy))
+
+
+def test_a_server_with_a_speculative_config_counts_drafts(tmp_path):
+    from longhaul.serve import ServeConfig
+
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        ServeConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 0})
+    with running_server(tmp_path, engine_process=False, speculative_config={"method": "ngram", "num_speculative_tokens": 3}) as (base, _):
+        body = {"prompt": "one two one two one two one two", "max_tokens": 16, "temperature": 0, "model": "tiny-llama"}
+        r = httpx.post(base + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        after = scrape(base)
+    assert value(after, "spec_decode_num_draft_tokens_total") > 0

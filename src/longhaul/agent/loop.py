@@ -1,10 +1,13 @@
 """The agent loop: drive a policy through envs, turn by turn, into token-exact Trajectories.
 
 A policy is anything with `generate(prompts, sampling, keys) -> [Generation]` over token ids:
-the model's sampler (`ModelPolicy`), a scripted oracle (`ScriptedPolicy`), later the inference
-engine or a remote server. Episodes run side by side: each round, every live episode's prompt
-goes to the policy in one batch, then the envs step in a thread pool (sandbox work is in
-subprocesses, so threads overlap it).
+the model's sampler (`ModelPolicy`), a scripted oracle (`ScriptedPolicy`), later a remote
+server. Episodes run side by side, scheduled one of two ways. `continuous` (for policies that
+take concurrent calls, `policy.concurrent`): every episode runs on its own thread and asks for
+its next reply as soon as its env has stepped; the engine batches whatever is in flight.
+`rounds`: every live episode's prompt goes to the policy in one batch, then the envs step in a
+thread pool. Sandbox work is in subprocesses, so threads overlap it either way. Samples do not
+depend on the schedule: a policy seeds each reply from its episode key and turn.
 
 Token exactness: turn k+1's prompt is built as turn k's prompt + its sampled ids + the tokens of
 the text the chat template adds after that reply (end-of-turn, tool observations, the next
@@ -17,12 +20,14 @@ terminated), `truncated` (max turns, max tokens, context overflow) or `infra_err
 
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import zlib
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol
 
-from longhaul.inference import SamplingParams
+from longhaul.inference import RolloutParams
 from longhaul.types import Score, Trajectory, Turn
 
 
@@ -36,20 +41,39 @@ class Generation:
 
 
 class Policy(Protocol):
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams, keys: list[str]) -> list[Generation]: ...
+    def generate(self, prompts: list[list[int]], sampling: RolloutParams, keys: list[str]) -> list[Generation]: ...
 
 
 class ModelPolicy:
-    """An HF causal LM through the batched sampler; each call advances the seed so rounds differ."""
+    """A model through the rollout `generate`: the engine (which takes concurrent calls and
+    batches them) or a plain HF model. With the engine, each reply is seeded from (seed, episode
+    key, the key's call count), so an episode's samples do not depend on what ran beside it;
+    without keys, or with the HF sampler, each call advances the seed."""
 
     def __init__(self, model, tok, version: int = 0, seed: int = 0):
         self.model, self.tok, self.version, self.seed = model, tok, version, seed
+        self._calls: dict[str, int] = {}
+
+    @property
+    def concurrent(self) -> bool:
+        from longhaul.inference import LLMEngine
+
+        return isinstance(self.model, LLMEngine)
 
     def generate(self, prompts, sampling, keys=None):
         from longhaul.inference import generate
 
-        outs = generate(self.model, self.tok, prompts, sampling, seed=self.seed)
-        self.seed += 1
+        seeds = None
+        if keys is not None and self.concurrent:
+            seeds = []
+            for key in keys:
+                n = self._calls.get(key, 0)
+                self._calls[key] = n + 1  # one thread per key: no other writer
+                seeds.append((self.seed * 1_000_003 + zlib.crc32(f"{key}#{n}".encode())) % 2**63)
+            outs = generate(self.model, self.tok, prompts, sampling, seeds=seeds)
+        else:
+            outs = generate(self.model, self.tok, prompts, sampling, seed=self.seed)
+            self.seed += 1
         return [Generation(o.token_ids, o.logprobs, o.finish_reason, self.version, list(o.versions)) for o in outs]
 
 
@@ -57,6 +81,8 @@ class ScriptedPolicy:
     """Replies from fixed scripts, one text per turn, keyed by episode key: the oracle and null
     agents of the quality checks. Tokens are the tokenizer's encoding of each text plus the
     end-of-turn token; log-probs are 0."""
+
+    concurrent = True  # state is per key, and each key belongs to one episode
 
     def __init__(self, tok, scripts: dict[str, list[str]]):
         self.tok, self.scripts = tok, scripts
@@ -84,7 +110,10 @@ class AgentConfig:
     stop: tuple[str, ...] = ("</tool_call>",)  # a reply ends after its first tool call
     prompt_mode: Literal["extend", "retokenize"] = "extend"
     workers: int = 4  # envs stepped in parallel
-    max_live: int = 64  # episodes (sandboxes) alive at once; more tasks run in waves
+    max_live: int = 64  # episodes (sandboxes) alive at once; more tasks run in waves (rounds) or as slots free (continuous)
+    # "continuous": each episode asks for its next reply as soon as its env has stepped (policies
+    # that take concurrent calls: the engine); "rounds": all live episodes reply, then all envs step
+    schedule: Literal["continuous", "rounds"] = "continuous"
     context: Literal["truncate", "elide"] = "truncate"  # when the next reply would not fit: end the episode, or elide old outputs
     keep_outputs: int = 2  # with "elide": the most recent tool outputs kept whole
     keep_messages: bool = False  # put the episode's chat messages in Trajectory.info["messages"] (reports, demonstrations)
@@ -114,16 +143,24 @@ class _Episode:
     t0: float = field(default_factory=time.perf_counter)
 
 
+# episodes on threads share one tokenizer; a fast tokenizer's call sets its padding and
+# truncation state first, which must not interleave with another thread's call
+_TOKENIZER = threading.Lock()
+
+
 def _render(tok, messages) -> str:
-    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    with _TOKENIZER:
+        return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def _encode(tok, text: str) -> list[int]:
-    return tok(text, add_special_tokens=False).input_ids
+    with _TOKENIZER:
+        return tok(text, add_special_tokens=False).input_ids
 
 
 def _decode(tok, ids: list[int]) -> str:
-    return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    with _TOKENIZER:
+        return tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def _reply_text(tok, ids: list[int]) -> str:
@@ -197,25 +234,89 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
     `keys` name episodes for stateful policies (default "i:task_id"); `groups` sets Trajectory.group.
     """
     keys = keys or [f"{i}:{t.task_id}" for i, t in enumerate(tasks)]
-    if len(tasks) > cfg.max_live:
+    if cfg.schedule == "continuous" and getattr(policy, "concurrent", False):
+        out = _run_continuous(policy, tok, make_env, tasks, keys, cfg, on_done)
+    else:
         out = []
         for s in range(0, len(tasks), cfg.max_live):
-            out += run_episodes(policy, tok, make_env, tasks[s:s + cfg.max_live], cfg, keys[s:s + cfg.max_live],
-                                groups[s:s + cfg.max_live] if groups else list(range(s, min(s + cfg.max_live, len(tasks)))),
-                                on_done)
-        return out
+            out += _run_rounds(policy, tok, make_env, tasks[s:s + cfg.max_live], keys[s:s + cfg.max_live], cfg, on_done)
+    for i, t in enumerate(out):
+        t.group = groups[i] if groups else i
+    return out
+
+
+def _sampling(cfg: AgentConfig, budget: int) -> RolloutParams:
+    return RolloutParams(max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p, stop=cfg.stop)
+
+
+def _start(ep: _Episode, tok) -> None:
+    try:
+        ep.messages, ep.info = ep.env.reset(ep.task)
+        ep.text = _render(tok, ep.messages)
+        ep.ids = _encode(tok, ep.text)
+    except Exception as e:
+        ep.ended, ep.info = "infra_error", {"task_id": ep.task.task_id, "infra_error": f"reset: {type(e).__name__}: {e}"}
+
+
+def _room(ep: _Episode, cfg: AgentConfig) -> int | None:
+    """The next reply's token budget, or None (the episode ends here) when the context is full."""
+    room = cfg.max_tokens - len(ep.ids)
+    if room <= 0:
+        ep.ended = "truncated"
+        ep.info["truncated_by"] = "context"
+        return None
+    return min(cfg.max_new_tokens, room)
+
+
+def _take(tok, ep: _Episode, g: Generation, cfg: AgentConfig) -> None:
+    """Record a reply, step the env with it and set up the next turn's prompt (or end the episode)."""
+    n = len(g.token_ids)
+    ep.turns.append(Turn(list(ep.ids), list(g.token_ids), list(g.logprobs), list(g.versions) or [g.version] * n, [1] * n,
+                         g.finish_reason, ep.segment))
+    reply = _reply_text(tok, g.token_ids)
+    try:
+        res = ep.env.step({"role": "assistant", "content": reply})
+    except Exception as e:
+        ep.ended, ep.info["infra_error"] = "infra_error", f"step: {type(e).__name__}: {e}"
+        return
+    ep.turns[-1].reward = float(res.reward)
+    ep.tool_calls += res.info.get("tool_calls", 0)
+    if res.info.get("infra_error"):
+        ep.ended, ep.info["infra_error"] = "infra_error", res.info["infra_error"]
+        return
+    for k in ("invalid_calls", "failed_calls"):
+        ep.counts[k] += res.info.get(k, 0)
+    ep.counts["repeated_calls"] += reply.strip() in ep.replies
+    ep.replies.add(reply.strip())
+    stuck = "invalid_calls" in res.info and res.info.get("tool_calls", 0) <= res.info["invalid_calls"]  # envs that count them
+    ep.idle = ep.idle + 1 if stuck else 0
+    ep.messages += [{"role": "assistant", "content": reply}, *res.observations]
+    if res.terminated:
+        ep.ended = "done"
+        return
+    if res.truncated:
+        ep.ended = "truncated"
+        return
+    if len(ep.turns) >= cfg.max_turns:
+        ep.ended, ep.info["truncated_by"] = "truncated", "max_turns"
+        return
+    if cfg.max_idle_turns and ep.idle >= cfg.max_idle_turns:
+        ep.ended, ep.info["truncated_by"] = "truncated", "idle"
+        return
+    _advance(tok, ep, g.token_ids, cfg.prompt_mode)
+    if cfg.context == "elide" and len(ep.ids) + cfg.max_new_tokens > cfg.max_tokens:
+        _elide(tok, ep, cfg)
+    if len(ep.ids) >= cfg.max_tokens:
+        ep.ended, ep.info["truncated_by"] = "truncated", "context"
+
+
+def _run_rounds(policy: Policy, tok, make_env, tasks: list, keys: list[str], cfg: AgentConfig, on_done) -> list[Trajectory]:
+    """Turn-synchronous: each round, every live episode's prompt goes to the policy in one batch
+    (one call per distinct budget), then all envs step."""
     episodes = [_Episode(k, t, make_env(t)) for k, t in zip(keys, tasks)]
     results: dict[int, Trajectory] = {}
     with ThreadPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
-        def start(ep: _Episode):
-            try:
-                ep.messages, ep.info = ep.env.reset(ep.task)
-                ep.text = _render(tok, ep.messages)
-                ep.ids = _encode(tok, ep.text)
-            except Exception as e:
-                ep.ended, ep.info = "infra_error", {"task_id": ep.task.task_id, "infra_error": f"reset: {type(e).__name__}: {e}"}
-
-        list(pool.map(start, episodes))
+        list(pool.map(lambda ep: _start(ep, tok), episodes))
         live = [i for i, ep in enumerate(episodes) if ep.ended is None]
         for i, ep in enumerate(episodes):
             if ep.ended is not None:
@@ -223,69 +324,73 @@ def run_episodes(policy: Policy, tok, make_env: Callable[[object], object], task
         while live:
             by_budget: dict[int, list[int]] = {}
             for i in live:
-                ep = episodes[i]
-                room = cfg.max_tokens - len(ep.ids)
-                if room <= 0:
-                    ep.ended = "truncated"
-                    ep.info["truncated_by"] = "context"
-                    continue
-                by_budget.setdefault(min(cfg.max_new_tokens, room), []).append(i)
+                budget = _room(episodes[i], cfg)
+                if budget is not None:
+                    by_budget.setdefault(budget, []).append(i)
             gens: dict[int, Generation] = {}
             for budget, idx in by_budget.items():
-                params = SamplingParams(max_new_tokens=budget, temperature=cfg.temperature, top_p=cfg.top_p, stop=cfg.stop)
-                for i, g in zip(idx, policy.generate([episodes[i].ids for i in idx], params, [episodes[i].key for i in idx])):
+                for i, g in zip(idx, policy.generate([episodes[i].ids for i in idx], _sampling(cfg, budget),
+                                                     [episodes[i].key for i in idx])):
                     gens[i] = g
-
-            def step(i: int):
-                ep, g = episodes[i], gens[i]
-                n = len(g.token_ids)
-                ep.turns.append(Turn(list(ep.ids), list(g.token_ids), list(g.logprobs), list(g.versions) or [g.version] * n, [1] * n,
-                                     g.finish_reason, ep.segment))
-                reply = _reply_text(tok, g.token_ids)
-                try:
-                    res = ep.env.step({"role": "assistant", "content": reply})
-                except Exception as e:
-                    ep.ended, ep.info["infra_error"] = "infra_error", f"step: {type(e).__name__}: {e}"
-                    return
-                ep.turns[-1].reward = float(res.reward)
-                ep.tool_calls += res.info.get("tool_calls", 0)
-                if res.info.get("infra_error"):
-                    ep.ended, ep.info["infra_error"] = "infra_error", res.info["infra_error"]
-                    return
-                for k in ("invalid_calls", "failed_calls"):
-                    ep.counts[k] += res.info.get(k, 0)
-                ep.counts["repeated_calls"] += reply.strip() in ep.replies
-                ep.replies.add(reply.strip())
-                stuck = "invalid_calls" in res.info and res.info.get("tool_calls", 0) <= res.info["invalid_calls"]  # envs that count them
-                ep.idle = ep.idle + 1 if stuck else 0
-                ep.messages += [{"role": "assistant", "content": reply}, *res.observations]
-                if res.terminated:
-                    ep.ended = "done"
-                    return
-                if res.truncated:
-                    ep.ended = "truncated"
-                    return
-                if len(ep.turns) >= cfg.max_turns:
-                    ep.ended, ep.info["truncated_by"] = "truncated", "max_turns"
-                    return
-                if cfg.max_idle_turns and ep.idle >= cfg.max_idle_turns:
-                    ep.ended, ep.info["truncated_by"] = "truncated", "idle"
-                    return
-                _advance(tok, ep, g.token_ids, cfg.prompt_mode)
-                if cfg.context == "elide" and len(ep.ids) + cfg.max_new_tokens > cfg.max_tokens:
-                    _elide(tok, ep, cfg)
-                if len(ep.ids) >= cfg.max_tokens:
-                    ep.ended, ep.info["truncated_by"] = "truncated", "context"
-
-            list(pool.map(step, list(gens)))
+            list(pool.map(lambda i: _take(tok, episodes[i], gens[i], cfg), list(gens)))
             done = [i for i in live if episodes[i].ended is not None]
             for i, traj in zip(done, pool.map(lambda i: _close(episodes[i], on_done, cfg), done)):
                 results[i] = traj
             live = [i for i in live if episodes[i].ended is None]
-    out = [results[i] for i in range(len(episodes))]
-    for i, t in enumerate(out):
-        t.group = groups[i] if groups else i
-    return out
+    return [results[i] for i in range(len(episodes))]
+
+
+def _run_continuous(policy: Policy, tok, make_env, tasks: list, keys: list[str], cfg: AgentConfig, on_done) -> list[Trajectory]:
+    """Each episode runs on its own thread: its next prompt goes to the policy as soon as its env
+    has stepped, so a short reply never waits for the longest one of a round and env work
+    overlaps generation. The policy batches whatever requests are in flight (the engine's
+    continuous batching). At most `max_live` episodes are alive; `workers` bounds how many envs
+    reset, step or verify at once."""
+    gate = threading.BoundedSemaphore(max(1, cfg.workers))
+    failed = threading.Event()
+
+    def drive(i: int) -> Trajectory:
+        ep = None
+        try:
+            with gate:
+                if failed.is_set():
+                    raise _Abandoned()
+                ep = _Episode(keys[i], tasks[i], make_env(tasks[i]))
+                _start(ep, tok)
+            while ep.ended is None:
+                budget = _room(ep, cfg)
+                if budget is None:
+                    break
+                g = policy.generate([ep.ids], _sampling(cfg, budget), [ep.key])[0]
+                with gate:
+                    if failed.is_set():
+                        raise _Abandoned()
+                    _take(tok, ep, g, cfg)
+        except BaseException:
+            failed.set()
+            if ep is not None:
+                try:
+                    ep.env.close()
+                except Exception:
+                    pass
+            raise
+        with gate:
+            return _close(ep, on_done, cfg)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(cfg.max_live, len(tasks)))) as pool:
+        futures = [pool.submit(drive, i) for i in range(len(tasks))]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        if failed.is_set():
+            for f in futures:
+                f.cancel()
+            wait(futures)
+            errors = [f.exception() for f in futures if not f.cancelled() and f.exception() is not None]
+            raise next((e for e in errors if not isinstance(e, _Abandoned)), errors[0])
+        return [f.result() for f in futures]
+
+
+class _Abandoned(Exception):
+    """An episode stopped because another one's policy call failed."""
 
 
 def _close(ep: _Episode, on_done, cfg: AgentConfig) -> Trajectory:

@@ -7,29 +7,42 @@ run one agent episode per trajectory through the loop and the sandbox (`loop.run
 
 from __future__ import annotations
 
+import threading
 import time
 
 from longhaul.agent.loop import AgentConfig, ModelPolicy, run_episodes
 from longhaul.agent.single_turn import run_groups
-from longhaul.inference import SamplingParams, context_length
+from longhaul.inference import RolloutParams, context_length
 from longhaul.types import Trajectory
 
 
 class TimedPolicy:
-    """A policy that counts the seconds spent generating (the rest of a rollout is the envs')."""
+    """A policy that counts the seconds during which a generation is in flight (the rest of a
+    rollout is env work alone). Concurrent calls overlap: their union is counted, not their sum."""
 
     def __init__(self, inner):
         self.inner, self.seconds = inner, 0.0
+        self._lock, self._busy, self._since = threading.Lock(), 0, 0.0
+
+    @property
+    def concurrent(self) -> bool:
+        return getattr(self.inner, "concurrent", False)
 
     def generate(self, prompts, sampling, keys=None):
-        t0 = time.perf_counter()
+        with self._lock:
+            if self._busy == 0:
+                self._since = time.perf_counter()
+            self._busy += 1
         try:
             return self.inner.generate(prompts, sampling, keys)
         finally:
-            self.seconds += time.perf_counter() - t0
+            with self._lock:
+                self._busy -= 1
+                if self._busy == 0:
+                    self.seconds += time.perf_counter() - self._since
 
 
-def rollout_groups(model, tok, family, tasks, group_size: int, params: SamplingParams, seed: int, version: int = 0,
+def rollout_groups(model, tok, family, tasks, group_size: int, params: RolloutParams, seed: int, version: int = 0,
                    max_turns: int = 8, max_tokens: int | None = None, exec_timeout_s: float = 5.0,
                    exec_workers: int = 2, make_env=None, agent: dict | None = None) -> tuple[list[list[Trajectory]], dict]:
     """`group_size` trajectories per task, grouped by task, and timings (`timing/gen`,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from longhaul.inference import SamplingParams, generate
+from longhaul.inference import RolloutParams, generate
 from longhaul.types import Trajectory, Turn
 
 
@@ -13,7 +13,7 @@ def encode_prompt(tok, text: str) -> list[int]:
     return tok(rendered, add_special_tokens=False).input_ids
 
 
-def run_groups(model, tok, family, tasks, params: SamplingParams, group_size: int, seed: int, version: int,
+def run_groups(model, tok, family, tasks, params: RolloutParams, group_size: int, seed: int, version: int,
                exec_timeout_s: float = 5.0, exec_workers: int = 2) -> tuple[list[list[Trajectory]], dict]:
     """Sample `group_size` completions per task, score them, and return groups plus timings."""
     prompts = [encode_prompt(tok, t.prompt) for t in tasks]

@@ -36,7 +36,9 @@ EPISODE_LIMIT_S = 120.0  # one oracle or null episode, reset to verify
 
 
 def manifest_path() -> Path:
-    return cache_home() / "envcheck" / "manifest.json"
+    """`$LONGHAUL_ENVCHECK_MANIFEST`, else `$LONGHAUL_HOME/envcheck/manifest.json`."""
+    forced = os.environ.get("LONGHAUL_ENVCHECK_MANIFEST")
+    return Path(forced).expanduser() if forced else cache_home() / "envcheck" / "manifest.json"
 
 
 def _digest(task) -> str:
@@ -52,6 +54,11 @@ def _subfamily(task, fam: Family) -> str:
 
 def tasks_for(fam: Family, n: int) -> list:
     """Up to `n` tasks per split, spread over the family's difficulties; all of a fixed benchmark."""
+    return [t for _, t in drawn_tasks(fam, n)]
+
+
+def drawn_tasks(fam: Family, n: int) -> list[tuple[str, object]]:
+    """`tasks_for`'s tasks as (split, task) in order; a task two splits draw counts for the first."""
     per = 10**9 if fam.fixed_set else max(1, math.ceil(n / len(fam.difficulties)))
     out, seen = [], set()
     for split in fam.splits:
@@ -59,7 +66,7 @@ def tasks_for(fam: Family, n: int) -> list:
             for t in fam.make_split(split, per, d, None):
                 if t.task_id not in seen:
                     seen.add(t.task_id)
-                    out.append(t)
+                    out.append((split, t))
     return out
 
 
@@ -111,8 +118,10 @@ def _workspace_runs(fam: Family, tasks: list, runs: int, progress, workers: int)
     return ref, null, wall
 
 
-def check_family(fam: Family, tasks: list, runs: int = 2, workers: int = 4, progress: Callable[[float], None] = lambda k: None) -> dict:
-    """Check `tasks` of one family (see `tasks_for`) `runs` times each; return its manifest entry."""
+def check_family(fam: Family, tasks: list, runs: int = 2, workers: int = 4, progress: Callable[[float], None] = lambda k: None,
+                 splits: dict[str, str] | None = None) -> dict:
+    """Check `tasks` of one family (see `tasks_for`) `runs` times each; return its manifest entry.
+    `splits` (task id -> split) groups the flaky and failing tasks by split in `problems`."""
     if fam.kind == "answer":
         if fam.reference_reply is None:
             raise LonghaulError(f"family {fam.name!r} has no reference_reply; envcheck cannot validate it")
@@ -144,9 +153,22 @@ def check_family(fam: Family, tasks: list, runs: int = 2, workers: int = 4, prog
         "flaky": sorted(tid for tid, (v, _) in verdicts.items() if v == "flaky"),
         "failing": sorted(tid for tid, (v, _) in verdicts.items() if v in ("failing", "infra")),
         "reasons": {tid: why for tid, (v, why) in sorted(verdicts.items()) if v != "valid"},
+        "problems": _problems(tasks, verdicts, fam, splits or {}),
         "max_task_s": round(max(wall.values(), default=0.0), 3),
         "status": "ok" if tasks and frac >= MIN_VALID_FRACTION else "failing",
     }
+
+
+def _problems(tasks: list, verdicts: dict, fam: Family, splits: dict[str, str]) -> dict:
+    """Flaky and failing task ids by split, then sub-family: `{split: {subfamily: {"flaky": [...],
+    "failing": [...]}}}`, only where there are some."""
+    out: dict = {}
+    for t in tasks:
+        kind = {"flaky": "flaky", "failing": "failing", "infra": "failing"}.get(verdicts[t.task_id][0])
+        if kind:
+            sub = out.setdefault(splits.get(t.task_id, "unknown"), {}).setdefault(_subfamily(t, fam), {"flaky": [], "failing": []})
+            sub[kind].append(t.task_id)
+    return out
 
 
 def load_manifest(path: Path | None = None) -> dict:
@@ -179,12 +201,13 @@ def run_envcheck(names: list[str] | None, n: int, runs: int = 2, workers: int = 
     data = load_manifest(manifest)
     entries = {}
     for fam in fams:
-        tasks = tasks_for(fam, n)
+        drawn = drawn_tasks(fam, n)
+        tasks, splits = [t for _, t in drawn], {t.task_id: split for split, t in drawn}
         if progress_factory:
             with progress_factory(fam.name, len(tasks)) as advance:
-                entry = check_family(fam, tasks, runs, workers, advance)
+                entry = check_family(fam, tasks, runs, workers, advance, splits)
         else:
-            entry = check_family(fam, tasks, runs, workers)
+            entry = check_family(fam, tasks, runs, workers, splits=splits)
         entries[fam.name] = entry
         data["families"][fam.name] = entry
     path = save_manifest(data, manifest)
@@ -195,6 +218,7 @@ def run_envcheck(names: list[str] | None, n: int, runs: int = 2, workers: int = 
         "subfamilies": sum(len(e["subfamilies"]) for e in entries.values()),
         "flaky": [tid for e in entries.values() for tid in e["flaky"]],
         "failing": [tid for e in entries.values() for tid in e["failing"]],
+        "problems": {name: e["problems"] for name, e in entries.items() if e["problems"]},
         "status": "ok" if all(e["status"] == "ok" for e in entries.values()) else "failing",
         "manifest": str(path),
     }

@@ -13,7 +13,7 @@ from typing import Callable
 from longhaul.agent.rollout import rollout_groups
 from longhaul.eval.agent_metrics import agent_metrics
 from longhaul.eval.stats import bootstrap_mean, mcnemar_exact, paired_bootstrap, pass_at_k, wilson
-from longhaul.inference import SamplingParams
+from longhaul.inference import RolloutParams
 
 
 LIMIT_STATUSES = ("timeout", "limit", "truncated")  # ran out of time, memory, turns or context
@@ -46,6 +46,11 @@ class EvalResult:
                "limit_rate": sum(st.get(k, 0) for k in LIMIT_STATUSES) / max(1, len(self.statuses)), "samples": self.samples}
         if self.agent:
             out["agent"] = self.agent
+        groups: dict[str, list[int]] = {}
+        for tid, ok in zip(self.task_ids, self.passed):
+            g = groups.setdefault(_group(tid), [0, 0])
+            g[0], g[1] = g[0] + 1, g[1] + bool(ok)
+        out["by_subfamily"] = {k: {"n": n, "passed": p} for k, (n, p) in sorted(groups.items())}
         counts = self.counts if self.counts is not None else [int(p) for p in self.passed]
         if counts:
             for k in ks:
@@ -97,16 +102,17 @@ def _merge_agent(results: list[EvalResult]) -> dict | None:
 def evaluate(model, tok, family, tasks, label: str, max_new_tokens: int, batch_size: int = 32,
              exec_timeout_s: float = 5.0, exec_workers: int = 2, on_batch: Callable[[int], None] | None = None,
              samples: int = 1, temperature: float = 0.8, seed: int = 0, max_turns: int = 10, agent: dict | None = None,
-             on_episodes: Callable[[list], None] | None = None) -> EvalResult:
+             on_episodes: Callable[[list], None] | None = None, max_tokens: int | None = None) -> EvalResult:
     """Greedy (samples == 1) or `samples` draws at `temperature` per task, for pass@k. `agent`:
-    further AgentConfig fields of multi-turn episodes; `on_episodes` sees each batch's trajectories."""
+    further AgentConfig fields of multi-turn episodes; `on_episodes` sees each batch's trajectories;
+    `max_tokens`: the context an episode may fill (default the sampler's)."""
     temp = 0.0 if samples == 1 else temperature
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temp, stop=family.stop, batch_size=max(batch_size, samples))
+    params = RolloutParams(max_new_tokens=max_new_tokens, temperature=temp, stop=family.stop, batch_size=max(batch_size, samples))
     per_call = max(1, batch_size // samples)
     passed, statuses, counts, firsts = [], [], [], []
     for start in range(0, len(tasks), per_call):
         chunk = tasks[start:start + per_call]
-        groups, _ = rollout_groups(model, tok, family, chunk, samples, params, seed + start, max_turns=max_turns,
+        groups, _ = rollout_groups(model, tok, family, chunk, samples, params, seed + start, max_turns=max_turns, max_tokens=max_tokens,
                                    exec_timeout_s=exec_timeout_s, exec_workers=exec_workers, agent=agent)
         if on_episodes:
             on_episodes([t for g in groups for t in g])

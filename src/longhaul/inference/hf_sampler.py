@@ -17,7 +17,7 @@ from longhaul.models.compat import cache_kwarg
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class RolloutParams:
     max_new_tokens: int = 128
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
@@ -41,7 +41,7 @@ class Completion:
     versions: list[int] = field(default_factory=list)  # weight version of each token; empty: the caller's version
 
 
-def _process(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+def _process(logits: torch.Tensor, p: RolloutParams) -> torch.Tensor:
     """(B, V) raw logits -> (B, V) log-probs of the sampling distribution."""
     logits = logits.float()
     if p.temperature > 0:
@@ -74,7 +74,7 @@ def _stopped(tok, ids: list[int], stop: tuple[str, ...], eos: set[int]) -> bool:
 
 
 @torch.no_grad()
-def _generate_batch(model, tok, prompts: list[list[int]], p: SamplingParams, gen: torch.Generator) -> list[Completion]:
+def _generate_batch(model, tok, prompts: list[list[int]], p: RolloutParams, gen: torch.Generator) -> list[Completion]:
     device = next(model.parameters()).device
     n, width = len(prompts), max(len(x) for x in prompts)
     pad = tok.pad_token_id
@@ -123,7 +123,7 @@ def _generate_batch(model, tok, prompts: list[list[int]], p: SamplingParams, gen
     return out
 
 
-def generate(model, tok, prompts: list[list[int]], params: SamplingParams, seed: int = 0) -> list[Completion]:
+def generate(model, tok, prompts: list[list[int]], params: RolloutParams, seed: int = 0) -> list[Completion]:
     """Sample one completion per prompt (repeat a prompt for a group). Deterministic for a seed."""
     if not prompts or any(len(x) == 0 for x in prompts):
         raise ValueError("every prompt needs at least one token")

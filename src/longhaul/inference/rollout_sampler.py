@@ -1,10 +1,12 @@
 """The one `generate` that rollouts and evaluation call, over either generator.
 
-`generate(sampler, tok, prompts, params, seed)` takes the rollout-side `SamplingParams`
+`generate(sampler, tok, prompts, params, seed)` takes `RolloutParams`
 (`max_new_tokens`, `temperature`, `top_p`, `stop`) and returns `Completion`s, whether
 `sampler` is an `LLMEngine` (the default for training and evaluation runs) or a plain HF model
 (the compact `hf_sampler`, kept for callers that hold only a model). With the engine, request i
-of a call gets the seed derived from (seed, i), so a call is reproducible whatever ran before.
+of a call gets the seed derived from (seed, i), or `seeds[i]`, so a call is reproducible
+whatever ran before or beside it. Engine calls go through the engine's one stepping thread
+(`engine_loop`), so calls from many threads at once share its steps.
 
 `make_engine(model, tok, dtype)` builds the rollout engine for a policy, and
 `sync_weights(engine, policy, version)` copies a (possibly LoRA-wrapped) policy's current
@@ -13,25 +15,50 @@ weights into it, merging adapters on the fly.
 
 from __future__ import annotations
 
+import itertools
+import threading
+
 import torch
 
 from longhaul.inference.engine import LLMEngine
-from longhaul.inference.hf_sampler import Completion, SamplingParams
+from longhaul.inference.engine_loop import EngineLoop, ThreadStream
+from longhaul.inference.hf_sampler import Completion, RolloutParams
 from longhaul.inference.hf_sampler import generate as hf_generate
-from longhaul.inference.sampling import SamplingParams as EngineParams
+from longhaul.inference.sampling import SamplingParams
 
 
-def generate(sampler, tok, prompts: list[list[int]], params: SamplingParams, seed: int = 0) -> list[Completion]:
+def generate(sampler, tok, prompts: list[list[int]], params: RolloutParams, seed: int = 0,
+             seeds: list[int] | None = None) -> list[Completion]:
     if not isinstance(sampler, LLMEngine):
         return hf_generate(sampler, tok, prompts, params, seed=seed)
     if not prompts or any(len(x) == 0 for x in prompts):
         raise ValueError("every prompt needs at least one token")
-    reqs = [EngineParams(max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+    if seeds is not None and len(seeds) != len(prompts):
+        raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts; pass one a prompt")
+    seeds = seeds if seeds is not None else [(seed * 1_000_003 + i) % (2 ** 63) for i in range(len(prompts))]
+    reqs = [SamplingParams(max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
                          stop=list(params.stop) or None, include_stop_str_in_output=True, skip_special_tokens=False,
-                         seed=(seed * 1_000_003 + i) % (2 ** 63)) for i in range(len(prompts))]
-    outs = sampler.generate([list(p) for p in prompts], reqs)
+                         seed=s) for s in seeds]
+    outs = _stepped(sampler, [list(p) for p in prompts], reqs)
     return [Completion(list(o.token_ids), list(o.logprobs), "length" if o.finish_reason == "length" else "stop", list(o.weight_version))
             for o in outs]
+
+
+_IDS = itertools.count()
+_LOCK = threading.Lock()
+
+
+def _stepped(engine: LLMEngine, prompts: list[list[int]], reqs: list) -> list:
+    """Run requests on `engine` through its one stepping thread: calls from many threads at once
+    (episodes running side by side) join the same steps, and every step runs on the same thread."""
+    with _LOCK:
+        loop = getattr(engine, "_rollout_loop", None)
+        if loop is None:
+            loop = engine._rollout_loop = EngineLoop(engine, idle_exit_s=1.0)
+    streams = [ThreadStream() for _ in prompts]
+    for p, r, s in zip(prompts, reqs, streams):
+        loop.submit(f"rollout-{next(_IDS)}", p, r, s)
+    return [s.wait() for s in streams]
 
 
 def context_length(sampler) -> int:

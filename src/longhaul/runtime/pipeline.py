@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -57,6 +58,12 @@ def _long_rows_autocast() -> str:
     wherever bf16 arithmetic is native, bf16 runs it ~2x faster than fp32 (unlike decode and
     single-turn GRPO's short rows, where `auto` may keep fp32; see `longhaul.hardware`)."""
     return "bfloat16" if native_bf16() else "none"
+
+
+def _transcript(t) -> dict:
+    """An evaluated episode as episodes_<stage>.jsonl keeps it."""
+    return {"task_id": t.info.get("task_id"), "passed": t.info.get("passed"), "status": t.info.get("status"),
+            "messages": t.info.get("messages", [])}
 
 
 def _write_json(path: Path, data) -> None:
@@ -232,6 +239,7 @@ class Pipeline:
     def _evaluate_here(self, stage: str, model: str, humaneval: bool, only_humaneval: bool = False) -> None:
         """`evaluate`'s work, in this process: writes eval_<stage>.json and the transcripts.
         `only_humaneval` runs HumanEval alone and adds it to the stage's existing eval_<stage>.json."""
+        from longhaul.inference import LLMEngine
         from longhaul.models import load_policy
         from longhaul.runtime.rollout import make_sampler
 
@@ -239,21 +247,26 @@ class Pipeline:
         policy, tok = load_policy(model)
         run_cfg = _run_config(_merge(self._base_tree("eval"), {"model": {"name": model}}), "eval")
         sampler = make_sampler(run_cfg, policy, tok)
-        results, episodes = {}, []
-
-        def keep(trajs):
-            episodes.extend({"task_id": t.info.get("task_id"), "passed": t.info.get("passed"), "status": t.info.get("status"),
-                             "messages": t.info.get("messages", [])} for t in trajs)
-
+        results, episodes = {}, {}
         sets = {} if only_humaneval else self.eval_sets()
         with progress_bar(True) as prog:
             bar = prog.add_task(f"eval {stage}", total=sum(len(v) for v in sets.values()) + c.eval.humaneval_tasks * humaneval,
                                 info="")
-            for key, tasks in sets.items():
-                fam = self.families[key.split("/")[0]]
-                results[key] = evaluate(sampler, tok, fam, tasks, stage, c.eval.max_new_tokens, batch_size=c.eval.batch_size, max_turns=c.eval.max_turns,
-                                        on_batch=lambda n: prog.advance(bar, n), seed=c.seed, on_episodes=keep,
+
+            def one_set(key: str):
+                kept = episodes.setdefault(key, [])
+                results[key] = evaluate(sampler, tok, self.families[key.split("/")[0]], sets[key], stage, c.eval.max_new_tokens,
+                                        batch_size=c.eval.batch_size, max_turns=c.eval.max_turns,
+                                        on_batch=lambda n: prog.advance(bar, n), seed=c.seed,
+                                        on_episodes=lambda trajs: kept.extend(_transcript(t) for t in trajs),
                                         agent={**run_cfg.rollout.agent_options(), "keep_messages": True})
+
+            # the sets side by side: the engine batches their episodes together, so one set's
+            # last long episodes do not run alone (the HF sampler takes one call at a time)
+            parallel = isinstance(sampler, LLMEngine) and len(sets) > 1
+            with ThreadPoolExecutor(max_workers=len(sets) if parallel else 1) as pool:
+                list(pool.map(one_set, list(sets)))
+            results = {key: results[key] for key in sets}
             if humaneval:
                 he = get_family("humaneval")
                 tasks = he.make_split("heldout", c.eval.humaneval_tasks, 1, None)
@@ -264,7 +277,7 @@ class Pipeline:
         path = self.dir / f"eval_{stage}.json"
         if not only_humaneval:
             tmp = self.dir / f".episodes_{stage}.jsonl.tmp"
-            tmp.write_text("".join(json.dumps(e) + "\n" for e in episodes))
+            tmp.write_text("".join(json.dumps(e) + "\n" for key in sets for e in episodes[key]))
             os.replace(tmp, self.dir / f"episodes_{stage}.jsonl")
         else:
             out = {**json.loads(path.read_text()), **out}

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from longhaul.agent.rollout import rollout_groups
 from longhaul.errors import LonghaulError
-from longhaul.inference import LLMEngine, SamplingParams
+from longhaul.inference import LLMEngine, RolloutParams
 from longhaul.types import Trajectory
 
 
@@ -121,8 +122,8 @@ def domain_runs(cfg) -> dict[str, DomainRun]:
     return out
 
 
-def sampling_params(cfg, family) -> SamplingParams:
-    return SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+def sampling_params(cfg, family) -> RolloutParams:
+    return RolloutParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                           top_p=cfg.rollout.top_p, stop=family.stop, batch_size=64)
 
 
@@ -190,22 +191,35 @@ class RolloutWorker:
         by_domain: dict[str, list[int]] = {}
         for i, d in enumerate(req.domains):
             by_domain.setdefault(d, []).append(i)
-        groups: list = [None] * len(req.tasks)
-        timings = {"timing/gen": 0.0, "timing/score": 0.0, "gen_tokens": 0}
-        for k, (name, idx) in enumerate(by_domain.items()):
+
+        def one(k: int, name: str, idx: list[int]):
             run = self._domains[name]
             params = replace(self.params, max_new_tokens=run.max_new_tokens, stop=run.family.stop)
-            got, t = rollout_groups(self.sampler, self.tok, run.family, [req.tasks[i] for i in idx], cfg.rollout.group_size, params,
-                                    seed=req.seed + 104_729 * k, version=self.version, max_turns=run.max_turns,
-                                    max_tokens=cfg.model.context_length, exec_timeout_s=run.exec_timeout_s,
-                                    exec_workers=cfg.rollout.exec_workers, make_env=run.make_env, agent=cfg.rollout.agent_options())
+            return rollout_groups(self.sampler, self.tok, run.family, [req.tasks[i] for i in idx], cfg.rollout.group_size, params,
+                                  seed=req.seed + 104_729 * k, version=self.version, max_turns=run.max_turns,
+                                  max_tokens=cfg.model.context_length, exec_timeout_s=run.exec_timeout_s,
+                                  exec_workers=cfg.rollout.exec_workers, make_env=run.make_env, agent=cfg.rollout.agent_options())
+
+        jobs = [(k, name, idx) for k, (name, idx) in enumerate(by_domain.items())]
+        t0 = time.perf_counter()
+        if isinstance(self.sampler, LLMEngine) and len(jobs) > 1:  # domains side by side: the engine batches them together
+            with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+                results = list(pool.map(lambda job: one(*job), jobs))
+        else:
+            results = [one(*job) for job in jobs]
+        groups: list = [None] * len(req.tasks)
+        for (_, name, idx), (got, _) in zip(jobs, results):
+            run = self._domains[name]
             for i, group in zip(idx, got):
                 for traj in group:
                     traj.info.update(domain=name, raw_reward=traj.reward)
                     traj.reward = run.scale * traj.reward + run.offset
                 groups[i] = group
-            timings = {key: timings[key] + t[key] for key in timings}
-        return groups, timings
+        wall = time.perf_counter() - t0
+        # overlapping domains: generation was in flight at least as long as the longest domain's
+        gen = max(t["timing/gen"] for _, t in results) if len(results) > 1 and isinstance(self.sampler, LLMEngine) \
+            else sum(t["timing/gen"] for _, t in results)
+        return groups, {"timing/gen": gen, "timing/score": max(0.0, wall - gen), "gen_tokens": sum(t["gen_tokens"] for _, t in results)}
 
 
 def worker_from_config(cfg, name: str) -> RolloutWorker:

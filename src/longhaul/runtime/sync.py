@@ -145,7 +145,8 @@ def _check_context(part: Part, tok, context: int, eval_tokens: int) -> None:
     if n_prompt + budget > context:
         raise LonghaulError(
             f"prompt of task {longest.task_id} is {n_prompt} tokens and {budget} new tokens are asked, over the model context "
-            f"of {context}; lower rollout.max_new_tokens / eval.max_new_tokens or raise model.context_length"
+            f"of {context}; lower rollout.max_new_tokens / eval.max_new_tokens or raise model.context_length "
+            f"(`longhaul eval --context-length`)"
         )
 
 
@@ -197,7 +198,7 @@ def evaluate_heldout(prep: Prepared, make_model, label: str, path: Path, samples
             results.append(evaluate(model, prep.tok, part.family, part.heldout, label, cfg.eval.max_new_tokens, cfg.eval.batch_size,
                                     cfg.rollout.exec_timeout_s, cfg.rollout.exec_workers, on_batch=lambda n: prog.advance(bar, n),
                                     samples=samples, temperature=temperature, seed=cfg.seed, max_turns=cfg.eval.max_turns,
-                                    agent=cfg.rollout.agent_options()))
+                                    agent=cfg.rollout.agent_options(), max_tokens=cfg.model.context_length))
     res = results[0] if len(results) == 1 else EvalResult.concat(results)
     res.save(path)
     lo, hi = res.interval

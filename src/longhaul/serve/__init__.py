@@ -4,12 +4,12 @@ logs (`longhaul serve`; docs/serving.md).
 
 Layout: `app` (state, FastAPI app, health/ready/metrics, `serve`), `engine_process` (the
 engine in a process of its own: the server's side) and `engine_core` (the engine's side),
-`engine_loop` (the streams, and the one thread stepping an engine in this process),
 `openai_api/` (wire protocol, chat rendering and tool calls,
 logprobs, routes), `auth`, `ratelimit`, `admission`, `metrics`, `logs`, `weights`
 (manifest-verified safetensors, mmap, fsspec URLs), `jobs/` (stores, runner, routes).
 FastAPI, uvicorn and prometheus-client are the `serve` extra; they are imported by these
-modules only, so `import longhaul` does not need them.
+modules only, so `import longhaul` does not need them. The thread that steps an engine in this
+process and the streams its outputs go to are `longhaul.inference.engine_loop` (rollouts use it too).
 """
 
 from longhaul.serve.config import ServeConfig

@@ -3,7 +3,7 @@
 Owns `ServerState` (the model and engine, the engine loop, keys, rate limiter, admission,
 metrics, the job store and runner) and its life: `load()` builds the engine (weights through
 `weights.load_model`) in the engine process (`engine_process`, the default) or in this one
-(`engine_loop`, with `engine_process: false`) and starts its loop; `start()` runs in the
+(`inference.engine_loop`, with `engine_process: false`) and starts its loop; `start()` runs in the
 background at app start-up, runs a warm-up generation, then marks the server ready and starts
 the job workers; shutdown stops the workers, then the loop (in-flight jobs go back to the
 queue; the engine process exits). Routes owned here: `/health` (200 while the process serves
@@ -86,7 +86,7 @@ class ServerState:
             self.engine, tok = self.loop.engine, self.loop.tokenizer
         else:
             from longhaul.serve.engine_core import build_engine
-            from longhaul.serve.engine_loop import EngineLoop
+            from longhaul.inference.engine_loop import EngineLoop
 
             self.engine, tok = build_engine(c)
             self.loop = EngineLoop(self.engine, observer=self._observe)
@@ -96,7 +96,7 @@ class ServerState:
     def start(self) -> None:
         """Load (if needed), warm up, become ready, start job workers."""
         from longhaul.inference.sampling import SamplingParams
-        from longhaul.serve.engine_loop import ThreadStream
+        from longhaul.inference.engine_loop import ThreadStream
         from longhaul.serve.jobs.runner import JobRunner
 
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class ServeConfig(BaseModel):
@@ -43,3 +43,15 @@ class ServeConfig(BaseModel):
     warmup_tokens: int = Field(4, ge=1)  # the warm-up generation /ready waits for
     log_level: str = "info"
     seed: int = 0
+    # speculative decoding, vLLM's `--speculative-config`: {"method": "ngram"} (prompt lookup, no second model)
+    # or {"method": "draft", "draft_model": NAME}, plus num_speculative_tokens, ngram_min/max (spec_worker.SpeculativeConfig)
+    speculative_config: dict | None = None
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _check_speculative(cls, v: dict | None) -> dict | None:
+        if v is None:
+            return v
+        from longhaul.inference.spec_worker import SpeculativeConfig
+
+        return SpeculativeConfig(**v).model_dump()  # a bad field fails here, before any model loads

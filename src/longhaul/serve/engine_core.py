@@ -57,7 +57,7 @@ def build_engine(config):
     model, tok = load_model(c.model)
     engine = LLMEngine(model=model, tokenizer=tok, dtype=resolve_dtype(c.dtype), device=c.device, max_num_seqs=c.max_num_seqs,
                        max_num_batched_tokens=c.max_num_batched_tokens, max_model_len=c.max_model_len,
-                       kv_cache_memory_gb=c.kv_cache_memory_gb, seed=c.seed)
+                       kv_cache_memory_gb=c.kv_cache_memory_gb, seed=c.seed, speculative_config=c.speculative_config)
     return engine, tok
 
 

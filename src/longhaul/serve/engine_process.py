@@ -25,7 +25,7 @@ from typing import Callable
 
 from longhaul.errors import LonghaulError
 from longhaul.inference.outputs import RequestMetrics, RequestOutput
-from longhaul.serve.engine_loop import deliver
+from longhaul.inference.engine_loop import deliver
 
 log = logging.getLogger("longhaul.serve")
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from longhaul.agent.loop import AgentConfig, Generation, run_episodes
 from longhaul.inference.sampling import SamplingParams
-from longhaul.serve.engine_loop import ThreadStream
+from longhaul.inference.engine_loop import ThreadStream
 
 log = logging.getLogger("longhaul.serve")
 

@@ -15,7 +15,7 @@ import asyncio
 import time
 import uuid
 
-from longhaul.serve.engine_loop import AsyncStream
+from longhaul.inference.engine_loop import AsyncStream
 from longhaul.serve.openai_api.chat import streamable_prefix
 from longhaul.serve.openai_api.protocol import APIError, SamplingFields, bad_request, sampling_params
 

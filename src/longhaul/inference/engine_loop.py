@@ -1,7 +1,12 @@
-"""The one thread that steps the engine for the server, and the streams its outputs go to.
+"""The one thread that steps an engine, and the streams its outputs go to.
+
+The server steps its engine here, and so do rollouts (`rollout_sampler.generate`, where agent
+episodes on many threads ask for replies at once). Every step runs on the loop's thread: torch's
+OpenMP workers belong to the thread that starts a parallel region, so steps taken by many threads
+each wake their own workers, which then compete for the cores.
 
 Owns the engine loop: requests are submitted and aborted from any thread (the HTTP event loop,
-job workers) without blocking (a command deque the loop drains before each step), one thread
+job workers, episodes) without blocking (a command deque the loop drains before each step), one thread
 calls `LLMEngine.step()` while work is pending and sleeps otherwise, and each step's outputs
 go to their requests' streams. An `AsyncStream` belongs to an asyncio loop: a step's outputs
 for one loop are handed over in a single `call_soon_threadsafe`, and since outputs are
@@ -12,6 +17,8 @@ the same loop in a process of its own (the server's default) behind the same int
 
 Why a loop thread and not `engine.generate()`: `generate` drives its own step loop and must not
 share the engine with another stepper; serving needs requests to join and leave between steps.
+With `idle_exit_s` the thread ends after that long with nothing to do (so an engine no one uses
+is not kept alive by it) and the next `submit` starts it again.
 """
 
 from __future__ import annotations
@@ -87,7 +94,8 @@ class ThreadStream(Stream):
     def _deliver(self, out, error) -> None:
         with self._cond:
             self._set(out, error)
-            self._cond.notify_all()
+            if self.done:  # `wait` only returns once done: no wake-up per token
+                self._cond.notify_all()
 
     def wait(self, timeout: float | None = None) -> RequestOutput:
         with self._cond:
@@ -102,9 +110,10 @@ class EngineLoop:
     """Steps `engine` in a daemon thread. `observer(stream, output, now)` runs in that thread
     for every output (metrics); it must be cheap and must not raise."""
 
-    def __init__(self, engine, observer: Callable | None = None):
+    def __init__(self, engine, observer: Callable | None = None, idle_exit_s: float | None = None):
         self.engine = engine
         self.observer = observer
+        self.idle_exit_s = idle_exit_s  # the thread ends after this long with nothing to do; `submit` starts it again
         self._commands: deque = deque()
         self._wake = threading.Condition()
         self._streams: dict[str, Stream] = {}  # in the engine, or about to be
@@ -131,6 +140,8 @@ class EngineLoop:
         adding it (e.g. too long) arrive through the stream."""
         with self._wake:
             self._commands.append(("add", request_id, prompt_ids, params, stream))
+            if self.idle_exit_s is not None and self._thread is None:
+                self.start()
             self._wake.notify()
 
     def abort(self, request_id: str) -> None:
@@ -152,8 +163,13 @@ class EngineLoop:
         eng = self.engine
         while True:
             with self._wake:
+                idle_since = time.perf_counter()
                 while not self._commands and not self._stopping and not (eng.has_unfinished_requests() and not eng.paused):
-                    self._wake.wait(0.05 if eng.paused else None)  # resume() does not notify us: poll while paused
+                    if self.idle_exit_s is not None and not self._streams and time.perf_counter() - idle_since >= self.idle_exit_s:
+                        self._thread = None  # under the lock: a submit from now on starts a new thread
+                        return
+                    # resume() does not notify us: poll while paused
+                    self._wake.wait(0.05 if eng.paused else self.idle_exit_s)
                 commands = list(self._commands)
                 self._commands.clear()
                 if self._stopping:

@@ -9,7 +9,7 @@ from longhaul.errors import LonghaulError
 from longhaul.inference import LLMEngine
 from longhaul.inference.sampling import SamplingParams
 from longhaul.models import load_policy
-from longhaul.serve.engine_loop import AsyncStream, EngineLoop, ThreadStream
+from longhaul.inference.engine_loop import AsyncStream, EngineLoop, ThreadStream
 from tests.waiting import DEADLINE_S, Gate
 
 
@@ -89,3 +89,40 @@ def test_async_stream_reads_the_newest_cumulative_output(model):
     finally:
         loop.stop()
     assert seen == sorted(set(seen)) and seen[-1] == 16  # strictly growing, ends complete
+
+
+def test_an_idle_loop_ends_its_thread_and_the_next_request_starts_it(model):
+    import time
+
+    tok = model[1]
+    loop = EngineLoop(engine(model), idle_exit_s=0.05)  # no start(): the first submit starts the thread
+    outs = []
+    for k in range(2):
+        s = ThreadStream()
+        loop.submit(f"r{k}", tok.encode("hello"), SamplingParams(max_tokens=5, temperature=0), s)
+        outs.append(s.wait(DEADLINE_S).token_ids)
+        deadline = time.monotonic() + DEADLINE_S
+        while loop._thread is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert loop._thread is None  # idle: the thread is gone, and the engine is not pinned by it
+    assert outs[0] == outs[1] and len(outs[0]) == 5
+
+
+def test_rollout_calls_from_many_threads_share_one_stepping_thread(model):
+    """`generate` over the engine from several threads at once: every step runs on the engine's
+    loop thread, and each caller gets exactly what it would alone."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from longhaul.inference import RolloutParams, generate
+
+    eng, tok = engine(model), model[1]
+    prompts = [tok.encode(t) for t in ("one", "two two", "three three three", "four")]
+    params = RolloutParams(max_new_tokens=9, temperature=1.0)
+    alone = [generate(eng, tok, [p], params, seeds=[40 + i])[0].token_ids for i, p in enumerate(prompts)]
+    stepping = set()
+    step = eng.step
+    eng.step = lambda: (stepping.add(threading.get_ident()), step())[1]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda i: generate(eng, tok, [prompts[i]], params, seeds=[40 + i])[0].token_ids, range(4)))
+    assert got == alone and len(stepping) == 1 and threading.get_ident() not in stepping
