@@ -69,6 +69,7 @@ WORKSPACE = {"bugfix", "terminal", "multistep"}
     ("envs/repos/catalog.json", {"bugfix"}),  # data a module names ("repos")
     ("envs/code.py", {"humaneval"}),
     ("envs/funcgen.py", {"funcgen"}),
+    ("envs/funcgen_structured.py", {"funcgen"}),  # a builder module funcgen imports
     ("types.py", WORKSPACE | {"echo"}),
     ("envs/registry.py", set()),  # the package __init__ imports it, but no family's module does
     ("envs/__init__.py", set()),
