@@ -39,6 +39,7 @@ import torch
 from longhaul.errors import LonghaulError
 from longhaul.inference.block_manager import BlockManager
 from longhaul.inference.config import EngineConfig
+from longhaul.inference.engine_loop import EngineLoop
 from longhaul.inference.kv_cache import KVCache
 from longhaul.inference.model_runner import BatchItem, ModelRunner
 from longhaul.inference.outputs import RequestOutput, output_of
@@ -83,6 +84,7 @@ class LLMEngine:
         self._generate_calls = 0
         self.step_hook = None  # called by the stepping thread before each step (e.g. to set its torch threads)
         self._step_lock = threading.Lock()  # held for the whole of a step or a weight update
+        self._loop: EngineLoop | None = None  # `loop()`: the stepping thread for callers on many threads
         self._cond = threading.Condition()
         self._paused = False
         self.spec = None  # a spec_worker.SpecDecoder takes over forward + sample when set
@@ -263,6 +265,16 @@ class LLMEngine:
             self.block_manager.flush()
             self.weight_version = int(version)
         return loaded
+
+    def loop(self) -> EngineLoop:
+        """This engine's own stepping thread for requests submitted from many threads at once
+        (rollout episodes): started by the first submit, ended after a second with nothing to do,
+        so an engine no one uses is not kept alive by it. Not for use beside `generate()` or
+        another loop stepping the same engine."""
+        with self._step_lock:
+            if self._loop is None:
+                self._loop = EngineLoop(self, idle_exit_s=1.0)
+            return self._loop
 
     def flush_prefix_cache(self) -> None:
         with self._step_lock:

@@ -16,12 +16,11 @@ weights into it, merging adapters on the fly.
 from __future__ import annotations
 
 import itertools
-import threading
 
 import torch
 
 from longhaul.inference.engine import LLMEngine
-from longhaul.inference.engine_loop import EngineLoop, ThreadStream
+from longhaul.inference.engine_loop import ThreadStream
 from longhaul.inference.hf_sampler import Completion, RolloutParams
 from longhaul.inference.hf_sampler import generate as hf_generate
 from longhaul.inference.sampling import SamplingParams
@@ -45,16 +44,12 @@ def generate(sampler, tok, prompts: list[list[int]], params: RolloutParams, seed
 
 
 _IDS = itertools.count()
-_LOCK = threading.Lock()
 
 
 def _stepped(engine: LLMEngine, prompts: list[list[int]], reqs: list) -> list:
     """Run requests on `engine` through its one stepping thread: calls from many threads at once
     (episodes running side by side) join the same steps, and every step runs on the same thread."""
-    with _LOCK:
-        loop = getattr(engine, "_rollout_loop", None)
-        if loop is None:
-            loop = engine._rollout_loop = EngineLoop(engine, idle_exit_s=1.0)
+    loop = engine.loop()
     streams = [ThreadStream() for _ in prompts]
     for p, r, s in zip(prompts, reqs, streams):
         loop.submit(f"rollout-{next(_IDS)}", p, r, s)

@@ -94,6 +94,19 @@ def _kinds_domain(n: int = 300):
     return Domain("d", [SimpleNamespace(task_id=f"d/{i}", subfamily=f"k{i % 3}") for i in range(n)])
 
 
+def _late_draws(sched, steps: int, per_step: int, rates: dict, seed: int) -> Counter:
+    """Draw `per_step` tasks a step, record a group of outcomes at each kind's pass rate, and
+    count the kinds drawn from step 10 on."""
+    rng, late = random.Random(seed), Counter()
+    for step in range(steps):
+        for d in sched.next_tasks(per_step):
+            kind = int(d.task.task_id.split("/")[1]) % 3
+            if step >= 10:
+                late[kind] += 1
+            sched.record(Outcome("d", d.task.task_id, 0.0, rng.random() < rates[kind]) for _ in range(GROUP))
+    return late
+
+
 def test_subfamily_unit_pools_outcomes_so_unseen_tasks_of_a_hopeless_kind_are_weighed_down():
     """300 tasks, 60 draws: most tasks are drawn once or never, so per-task outcomes cannot tell
     the kinds apart; pooled per sub-family they can, for tasks not yet drawn too."""
@@ -101,14 +114,7 @@ def test_subfamily_unit_pools_outcomes_so_unseen_tasks_of_a_hopeless_kind_are_we
     for unit in ("task", "subfamily"):
         cfg = SchedulingConfig(curriculum="learnable_band", curriculum_unit=unit, boost=4.0, floor=0.1, min_samples=4)
         sched = TaskScheduler([_kinds_domain()], cfg, seed=0, group_size=GROUP)
-        rng, late = random.Random(0), Counter()
-        for step in range(30):
-            for d in sched.next_tasks(2):
-                kind = int(d.task.task_id.split("/")[1]) % 3
-                if step >= 10:
-                    late[kind] += 1
-                sched.record(Outcome("d", d.task.task_id, 0.0, rng.random() < TRUE_RATE[kind]) for _ in range(GROUP))
-        results[unit] = (late, sched.queues[0])
+        results[unit] = (_late_draws(sched, 30, 2, TRUE_RATE, seed=0), sched.queues[0])
     late, q = results["subfamily"]
     assert late[1] / sum(late.values()) > 0.8, late  # weights 4 vs 0.1 and 0.1 once each kind has 4 outcomes
     assert {q.weights[i] for i in range(len(q.weights)) if i % 3 == 0} == {0.1}, "every k0 task, drawn or not"
@@ -163,13 +169,7 @@ def test_expected_signal_keeps_drawing_a_kind_whose_first_group_failed():
     for name in ("learnable_band", "expected_signal"):
         cfg = SchedulingConfig(curriculum=name, curriculum_unit="subfamily", boost=4.0, floor=0.1, min_samples=4)
         sched = TaskScheduler([_kinds_domain(30)], cfg, seed=1, group_size=GROUP)
-        rng, late = random.Random(1), Counter()
-        for step in range(60):
-            for d in sched.next_tasks(8):
-                kind = int(d.task.task_id.split("/")[1]) % 3
-                if step >= 10:
-                    late[kind] += 1
-                sched.record(Outcome("d", d.task.task_id, 0.0, rng.random() < rates[kind]) for _ in range(GROUP))
+        late = _late_draws(sched, 60, 8, rates, seed=1)
         shares[name] = {k: late[k] / sum(late.values()) for k in rates}
     assert shares["expected_signal"][0] > 0.25 and shares["expected_signal"][0] > 1.3 * shares["learnable_band"][0], shares
     assert shares["learnable_band"][1] > shares["expected_signal"][1] + 0.15, shares  # the band concentrates on one kind
