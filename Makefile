@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) bwrap kernels
 
-# the native fp32 decode kernels (inference/csrc) need a C++ compiler; build them once here so
+# the native fp32 decode kernels (ops/csrc) need a C++ compiler; build them once here so
 # no run pays the minute; without a compiler the engine says so and keeps torch's ops
 kernels: $(STAMP)
 	@command -v g++ >/dev/null 2>&1 || { \
@@ -24,7 +24,7 @@ kernels: $(STAMP)
 	    (apt-get install -y -q g++ >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q g++ >/dev/null)) \
 	      || echo "warning: could not install g++; the engine will use torch's ops instead of the native kernels"; \
 	  else echo "warning: g++ missing (apt-get install g++); the engine will use torch's ops instead of the native kernels"; fi; }
-	@$(BIN)/python -m longhaul.inference.kernels || true
+	@$(BIN)/python -m longhaul.ops.kernels || true
 
 # bubblewrap is the sandbox; install it when missing and possible (root + apt), else warn.
 bwrap:

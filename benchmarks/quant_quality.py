@@ -163,9 +163,9 @@ def _p10_us(fns: dict, calls: int) -> dict[str, float]:
 
 
 def pack_bf16(w: torch.Tensor):
-    """The engine's prepacked oneDNN bf16 linear (`inference.linear`), when it exists."""
+    """The engine's prepacked oneDNN bf16 linear (`ops.linear`), when it exists."""
     try:
-        from longhaul.inference.linear import pack
+        from longhaul.ops.linear import pack
     except ImportError:
         return None
     packed, _ = pack(w)

@@ -6,7 +6,7 @@ small fraction of fp32's speed (measured on a 2-core AMD EPYC without AVX-512: f
 GFLOP/s, bf16 under 1), so `auto` picks fp32 there.
 
 Native bf16 is not always the faster choice: on a CPU with AVX512-BF16 but no AMX, where the
-engine's native fp32 kernels run (`inference.kernels`), fp32 won every measurement (2-core Zen
+engine's native fp32 kernels run (`ops.kernels`), fp32 won every measurement (2-core Zen
 4: decode 1.3-1.6x bf16's tokens/s at batch 1-32, the GRPO step 10.5-11.1 s against 11.4-11.6,
 `make demo`'s training 11 min 17 s against 13 min 1 s with the same held-out gain), so `auto`
 picks fp32 there too. With AMX or on a GPU it picks bf16; `LONGHAUL_BF16=1` forces bf16.
@@ -50,7 +50,7 @@ def prefer_bf16() -> bool:
     amx = getattr(getattr(torch, "cpu", None), "_is_amx_tile_supported", None)
     if amx is not None and amx():
         return True
-    from longhaul.inference.kernels import _missing_requirement
+    from longhaul.ops.kernels import _missing_requirement
 
     return _missing_requirement() is not None
 

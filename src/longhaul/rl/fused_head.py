@@ -64,7 +64,7 @@ def _chunk_stats(z: torch.Tensor, targets: torch.Tensor, with_entropy: bool, kee
 
 
 def _native():
-    from longhaul.inference.kernels import native
+    from longhaul.ops.kernels import native
 
     return native()
 

@@ -17,7 +17,7 @@ R "attention rows" (R, Tq) of queries against (R, Lk) keys with a mask, through 
 gathered into every completion's keys, so gradients from all N completions reach the prompt,
 as with `shared_prompt_logprobs`' repeated cache.
 
-In fp32 on a CPU with the native kernels (`inference.kernels`, `csrc/train_ops.cpp`), RMSNorm,
+In fp32 on a CPU with the native kernels (`ops.kernels`, `csrc/train_ops.cpp`), RMSNorm,
 SwiGLU, and the move of q, k, v into SDPA's padded rows with RoPE on the way (and of its output
 back to the flat rows) are one native pass each way instead of chains of torch ops, and the
 gradients of a fused projection (qkv, gate_up) are written into one buffer instead of cat
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from longhaul.inference.linear import pack
-from longhaul.inference.rope import rotate_half
+from longhaul.ops.linear import pack
+from longhaul.ops.rope import rotate_half
 from longhaul.models.lora import unwrap
 
 SUPPORTED = ("llama", "qwen2")
@@ -279,7 +279,7 @@ _PACKED: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDi
 
 def fast_linear(module):
     """A callable equal to `module` (to fp32 rounding): for a frozen plain fp32 nn.Linear run
-    without autograd (the reference model), its oneDNN-prepacked copy (`inference.linear.pack`:
+    without autograd (the reference model), its oneDNN-prepacked copy (`ops.linear.pack`:
     ~15% faster at ~1,000 rows), re-packed when the weight is replaced or changed in place
     through autograd-visible ops (version counter). Only frozen weights: the fused AdamW step
     updates parameters without bumping their version, so a trainable weight's copy could go
@@ -355,7 +355,7 @@ class _NativeRMSNorm(torch.autograd.Function):
 
 def _kernels(x: torch.Tensor):
     """The native kernels when they can run on x (fp32 on CPU, no autocast), else None."""
-    from longhaul.inference.kernels import native
+    from longhaul.ops.kernels import native
 
     return native() if x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu") else None
 

@@ -1,4 +1,4 @@
-"""Native CPU kernels of the engine, built once on first use and cached.
+"""Native CPU kernels of the engine and the trainer, built once on first use and cached.
 
 Owns building and loading `csrc/*.cpp` (one module) with torch's C++ extension loader into
 `$LONGHAUL_KERNEL_CACHE/<torch version>-<hash>/` (default `~/.cache/longhaul/kernels`,
@@ -14,7 +14,7 @@ Does not own where a kernel is used (`linear.pack`, `ModelRunner`).
 A kernel is used only where it can run: an x86 CPU with AVX2 and FMA, a C++ compiler and
 ninja. Anywhere else, or with `LONGHAUL_KERNELS=0`, or when the build fails, `native()`
 returns None after one stderr line that says why, and callers keep the oneDNN path (same
-maths, slower). `python -m longhaul.inference.kernels` builds ahead of time (`make setup`
+maths, slower). `python -m longhaul.ops.kernels` builds ahead of time (`make setup`
 does), so the first run does not pay the ~1 minute build.
 """
 

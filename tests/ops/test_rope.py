@@ -11,7 +11,7 @@ from transformers.models.llama.modeling_llama import (
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
 from longhaul.errors import LonghaulError
-from longhaul.inference.rope import Rope, apply_rope, rope_init
+from longhaul.ops.rope import Rope, apply_rope, rope_init
 
 MAX_POS = 512  # the tiny configs' max positions; yarn/llama3 were "trained" on 128 of them
 ORIGINAL = 128

@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from longhaul.inference import kernels
+from longhaul.ops import kernels
 from longhaul.inference.kv_cache import KVCache
-from longhaul.inference.linear import SmallBatchLinear, pack
+from longhaul.ops.linear import SmallBatchLinear, pack
 from longhaul.inference.model_runner import BatchItem, ModelRunner
 from longhaul.models import load_policy
 
@@ -136,7 +136,7 @@ def test_onednn_linear_equals_fp64_matmul_on_each_cpu_path(isa, needs):
     env.pop("ONEDNN_MAX_CPU_ISA", None)
     if isa is not None:
         env["ONEDNN_MAX_CPU_ISA"] = isa
-    from longhaul.inference import linear
+    from longhaul.ops import linear
 
     out = subprocess.run([sys.executable, "-c", _PACKED_LINEAR_CHECK, linear.__file__], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -237,7 +237,7 @@ def test_kernels_stay_off_on_a_cpu_without_avx2_or_when_asked(monkeypatch):
 def test_without_a_compiler_the_engine_says_why_and_keeps_torch_ops(tmp_path):
     """A machine without the toolchain: one stderr line naming the fix, no kernels, and the
     engine still runs (in a fresh process, so the cached module of this one is not reused)."""
-    code = ("from longhaul.inference import kernels, LLMEngine; assert kernels.native() is None; "
+    code = ("from longhaul.inference import LLMEngine; from longhaul.ops import kernels; assert kernels.native() is None; "
             "e = LLMEngine('tiny-llama'); assert e.runner.native is None; print(len(e.generate(['hi'])[0].token_ids))")
     env = {**os.environ, "CXX": "no-such-compiler", "PATH": str(tmp_path), "LONGHAUL_KERNEL_CACHE": str(tmp_path / "k")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
@@ -281,7 +281,7 @@ def test_a_lock_left_by_a_killed_loader_is_removed_by_the_next_once_old(tmp_path
     assert time.monotonic() - t0 >= 0.5, "a fresh lock is waited on until it is DEAD_LOCK_S old"
 
 
-HOLD = ("import sys, time; from pathlib import Path; from longhaul.inference import kernels\n"
+HOLD = ("import sys, time; from pathlib import Path; from longhaul.ops import kernels\n"
         "with kernels._builder(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(120)")
 
 
@@ -346,7 +346,7 @@ def test_softmax_stats_refuses_a_target_outside_the_vocabulary(native):
 
 
 def test_rope_and_cache_equals_apply_rope_and_write(native):
-    from longhaul.inference.rope import apply_rope
+    from longhaul.ops.rope import apply_rope
 
     hq, hkv, d, n = 6, 2, 16, 5
     qkv = torch.randn(n, hq + 2 * hkv, d)
@@ -435,7 +435,7 @@ def _layout(seed=0):
 
 @pytest.mark.parametrize("hq,hkv,d", [(4, 2, 8), (6, 3, 64), (2, 2, 16)])
 def test_attention_pack_and_unpack_equal_the_torch_layout_and_their_gradients_equal_autograd(native, hq, hkv, d):
-    from longhaul.inference.rope import rotate_half
+    from longhaul.ops.rope import rotate_half
 
     b = _layout()
     n = b.input_ids.numel()
@@ -496,7 +496,7 @@ def test_attention_pack_refuses_indices_outside_the_rows(native):
 def test_each_torch_install_builds_into_its_own_directory(monkeypatch, tmp_path):
     """Two venvs on one machine compile against different torch include paths: sharing one build
     directory made each rebuild the other's and wait on its lock."""
-    from longhaul.inference import kernels
+    from longhaul.ops import kernels
 
     monkeypatch.setenv("LONGHAUL_KERNEL_CACHE", str(tmp_path))
     sources = sorted(kernels.CSRC.glob("*.cpp"))

@@ -111,7 +111,7 @@ def pack(w: torch.Tensor | None, b: torch.Tensor | None = None, few_rows: bool =
     if w is None or not isinstance(w, torch.Tensor) or not _packable(w):
         return w, b
     if few_rows and w.dtype == torch.float32 and (b is None or b.dtype == torch.float32):
-        from longhaul.inference.kernels import native
+        from longhaul.ops.kernels import native
 
         kernel = native()
         if kernel is not None:

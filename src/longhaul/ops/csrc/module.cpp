@@ -1,4 +1,4 @@
-// Python bindings of the native CPU kernels (`longhaul.inference.kernels.native()`).
+// Python bindings of the native CPU kernels (`longhaul.ops.kernels.native()`).
 
 #include <torch/extension.h>
 
