@@ -53,7 +53,7 @@ def job_overrides(args, out_dir: Path, name: str) -> list[str]:
 def run_one(args, out_dir: Path, name: str, extra: list[str]) -> dict:
     from longhaul.config import load_config
     from longhaul.runtime.metrics import read_metrics
-    from longhaul.runtime.sync import run_training
+    from longhaul.runtime.online import run_training
 
     cfg = load_config(None, job_overrides(args, out_dir, name) + extra)
     log(f"{name}: {' '.join(extra) or 'runtime.mode=sync'}")

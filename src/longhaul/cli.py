@@ -77,7 +77,7 @@ def eval_cmd(
 
     from longhaul.config import RunConfig
     from longhaul.rl.grpo import frozen_copy
-    from longhaul.runtime.sync import evaluate_heldout, prepare
+    from longhaul.runtime.setup import evaluate_heldout, prepare
 
     if samples < 1:
         raise LonghaulError(f"--samples must be >= 1, got {samples}")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from longhaul.errors import LonghaulError
 from longhaul.hardware import resolve_autocast, resolve_dtype
+from longhaul.runtime.algorithms import ALGORITHMS
 
 
 class Section(BaseModel):
@@ -86,7 +87,7 @@ class DataConfig(Section):
 
 
 class AlgoConfig(Section):
-    name: Literal["grpo", "ppo", "sft", "dpo", "rm", "distill", "onpolicy_distill"] = "grpo"
+    name: str = "grpo"  # one of runtime.algorithms.ALGORITHMS: grpo, ppo, onpolicy_distill; sft, rm, dpo, distill
     advantage: str = "grpo"  # registered estimator name (longhaul.rl.advantages); PPO always uses gae
     loss: str = "ppo_clip"  # registered policy loss name (longhaul.rl.losses)
     clip_low: float = Field(0.2, ge=0)
@@ -129,6 +130,13 @@ class AlgoConfig(Section):
     distill_temperature: float = Field(1.0, gt=0)
     jsd_beta: float = Field(0.5, gt=0, lt=1)
     distill_reward_weight: float = Field(0.0, ge=0)  # on-policy: add this times the outcome reward's GRPO advantage
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        if v not in ALGORITHMS:
+            raise ValueError(ALGORITHMS.unknown(v))
+        return v
 
 
 class TrainConfig(Section):
@@ -346,7 +354,8 @@ def _explain(err: ValidationError, model: type[BaseModel]) -> str:
         prefix = ".".join(str(p) for p in loc[:-1])
         hint = f"did you mean {prefix + '.' if prefix else ''}{near[0]}?" if near else f"valid keys: {', '.join(valid)}"
         return f"unknown config key {dotted!r}; {hint}"
-    return f"config key {dotted!r}: {first['msg']} (got {first.get('input')!r})"
+    msg = first["msg"].removeprefix("Value error, ")
+    return f"config key {dotted!r}: {msg} (got {first.get('input')!r})"
 
 
 def load_config(path: str | Path | None, overrides: list[str] = (), model: type[BaseModel] = RunConfig):

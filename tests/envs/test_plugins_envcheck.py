@@ -10,7 +10,7 @@ from longhaul.config import RunConfig
 from longhaul.envs.registry import get_family, reward_family
 from longhaul.errors import LonghaulError
 from longhaul.eval.envcheck import load_manifest, require_checked, run_envcheck
-from longhaul.runtime.sync import prepare
+from longhaul.runtime.setup import prepare
 
 PLUGINS = Path(__file__).resolve().parents[2] / "examples" / "plugins"
 

@@ -100,7 +100,7 @@ def test_training_runs_on_a_multi_turn_family_end_to_end(tmp_path, monkeypatch):
     from pathlib import Path
 
     from longhaul.eval.envcheck import run_envcheck
-    from longhaul.runtime.sync import run_training
+    from longhaul.runtime.online import run_training
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples" / "plugins"))
     monkeypatch.chdir(tmp_path)

@@ -17,7 +17,7 @@ def tiny_grpo_run(tmp_path_factory) -> Path:
     import torch
 
     from longhaul.config import load_config
-    from longhaul.runtime.sync import run_training
+    from longhaul.runtime.online import run_training
 
     out = tmp_path_factory.mktemp("tiny_grpo_sync")
     before = torch.get_num_threads()

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from longhaul.config import load_config
 from longhaul.runtime.metrics import without_clock
-from longhaul.runtime.sync import run_training
+from longhaul.runtime.online import run_training
 from tests.waiting import Gate
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from longhaul.config import load_config
 from longhaul.errors import LonghaulError
-from longhaul.runtime.sync import run_training
+from longhaul.runtime.online import run_training
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_grpo.yaml"
 QUIET = ["log.progress=false", "log.tensorboard=false", "eval.before_after=false"]

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from longhaul.config import load_config
 from longhaul.runtime.metrics import without_clock
-from longhaul.runtime.sync import run_training
+from longhaul.runtime.online import run_training
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_joint.yaml"
 QUIET = ["log.progress=false", "eval.before_after=false"]

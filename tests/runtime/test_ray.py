@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 
 from longhaul.config import load_config  # noqa: E402
 from longhaul.runtime import ray_backend  # noqa: E402
-from longhaul.runtime.sync import run_training  # noqa: E402
+from longhaul.runtime.online import run_training  # noqa: E402
 from tests.waiting import wait_until  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_grpo.yaml"

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from longhaul.config import load_config
 from longhaul.models import load_policy
 from longhaul.runtime.metrics import without_clock
-from longhaul.runtime.sync import run_training
+from longhaul.runtime.online import run_training
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny_grpo.yaml"
@@ -124,7 +124,7 @@ def test_lora_trains_only_adapters_resumes_exactly_and_exports_merged(tmp_path):
 def test_resume_evaluates_the_base_weights_not_the_resumed_ones(tmp_path, monkeypatch):
     """Each evaluation's sampler is probed with one greedy reply: the base probe equals a fresh
     sampler on the initial weights, the trained one does not."""
-    import longhaul.runtime.sync as sync
+    import longhaul.runtime.online as sync
     from longhaul.inference import RolloutParams, generate
     from longhaul.runtime.rollout import make_sampler
 

@@ -19,9 +19,13 @@ class Registry(dict):
             return fn
         return deco
 
+    def unknown(self, name: str) -> str:
+        """The error line for a name not registered: the nearest name, or all of them."""
+        near = difflib.get_close_matches(name, list(self), n=1)
+        hint = f"did you mean {near[0]!r}?" if near else f"choose one of {', '.join(sorted(self))}"
+        return f"unknown {self.kind} {name!r}; {hint}"
+
     def get_fn(self, name: str) -> Callable:
         if name not in self:
-            near = difflib.get_close_matches(name, list(self), n=1)
-            hint = f"did you mean {near[0]!r}?" if near else f"choose one of {', '.join(sorted(self))}"
-            raise LonghaulError(f"unknown {self.kind} {name!r}; {hint}")
+            raise LonghaulError(self.unknown(name))
         return self[name]

@@ -4,8 +4,8 @@ One loop for all four: read and encode the dataset (`data.path`), hold out a see
 evaluate the held-out rows before training, take `train.steps` optimizer steps of
 `data.batch_size` rows (reshuffled every epoch, seeded, so the data order is a pure function of
 the step), checkpoint atomically with the data position, evaluate again, write the report.
-Each algorithm is an `OfflineAlgo` registered by name: how a row is encoded and how its trainer
-is built; the trainers share `step(rows)`, `evaluate(rows)`, `state_dict()`, `load_state_dict()`.
+Each algorithm is an `OfflineAlgo` that `runtime.algorithms` names: how a row is encoded and how
+its trainer is built; the trainers share `step(rows)`, `evaluate(rows)`, `state_dict()`, `load_state_dict()`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from longhaul.errors import LonghaulError
 from longhaul.eval.report import write_report
 from longhaul.models import load_frozen, load_policy
 from longhaul.models.lora import apply_lora
+from longhaul.runtime.algorithms import ALGORITHMS
 from longhaul.rl.checkpoint import load_trainer_state, load_weights, save_checkpoint, set_rng_state
 from longhaul.rl.data import encode_pair_row, encode_sft_row, load_rows, truncate
-from longhaul.rl.registry import Registry
 from longhaul.runtime.memory import measure
 from longhaul.runtime.metrics import MetricsLog, read_metrics
 from longhaul.runtime.notice import StopNotice
@@ -46,9 +46,6 @@ class OfflineAlgo:
     build: Callable  # (cfg, policy, tok, items) -> Built
     has_loss_tokens: Callable = lambda item: True
     curves: tuple = (("loss", "train loss"), ("grad_norm", "gradient norm"), ("lr", "learning rate"))
-
-
-OFFLINE = Registry("offline algorithm")
 
 
 @dataclass(frozen=True)
@@ -97,15 +94,15 @@ def _build_distill(cfg, policy, tok, items):
 
 
 _sft_tokens = lambda item: sum(item[1][1:]) > 0
-OFFLINE["sft"] = OfflineAlgo(_encode_sft, _build_sft, _sft_tokens,
+SFT = OfflineAlgo(_encode_sft, _build_sft, _sft_tokens,
                              (("loss", "train loss"), ("heldout/loss", "held-out loss"), ("grad_norm", "gradient norm"), ("lr", "learning rate")))
-OFFLINE["rm"] = OfflineAlgo(lambda tok, row, cfg: tuple(ids for ids, _ in _encode_pair(tok, row, cfg)), _build_rm, lambda item: True,
+RM = OfflineAlgo(lambda tok, row, cfg: tuple(ids for ids, _ in _encode_pair(tok, row, cfg)), _build_rm, lambda item: True,
                             (("loss", "train loss"), ("accuracy", "train accuracy"), ("heldout/accuracy", "held-out accuracy"),
                              ("margin", "reward margin")))
-OFFLINE["dpo"] = OfflineAlgo(_encode_pair, _build_dpo, lambda item: sum(item[0][1][1:]) > 0 and sum(item[1][1][1:]) > 0,
+DPO = OfflineAlgo(_encode_pair, _build_dpo, lambda item: sum(item[0][1][1:]) > 0 and sum(item[1][1][1:]) > 0,
                              (("loss", "train loss"), ("rewards/accuracies", "train preference accuracy"),
                               ("heldout/accuracy", "held-out preference accuracy"), ("rewards/margins", "reward margin")))
-OFFLINE["distill"] = OfflineAlgo(_encode_sft, _build_distill, _sft_tokens,
+DISTILL = OfflineAlgo(_encode_sft, _build_distill, _sft_tokens,
                                  (("loss", "train divergence"), ("heldout/divergence", "held-out divergence"), ("grad_norm", "gradient norm")))
 
 
@@ -158,17 +155,20 @@ def batch_indices(step: int, batch: int, n: int, seed: int, shuffle: bool) -> li
 
 
 def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
-    from longhaul.runtime.sync import _open_run_dir
+    from longhaul.runtime.setup import open_run_dir
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(cfg.seed)
-    spec = OFFLINE.get_fn(cfg.algo.name)
+    algo = ALGORITHMS.get_fn(cfg.algo.name)
+    if algo.driver != "offline":
+        raise LonghaulError(f"algo.name={algo.name} learns from its own rollouts, not a dataset; run it with `longhaul train` and a task")
+    spec = algo.load()
     policy, tok = load_policy(cfg.model.name)
     items = encode_dataset(cfg, tok, spec)
     train_items, heldout = split_heldout(items, cfg.data.heldout_fraction if cfg.eval.before_after else 0.0, cfg.seed)
-    run_dir, ckpt = _open_run_dir(cfg, resume)
+    run_dir, ckpt = open_run_dir(cfg, resume)
     console.rule(f"longhaul train ({cfg.algo.name}): {cfg.name}")
     console.print(dump_config(cfg), end="")
     console.print(f"{len(train_items)} training rows, {len(heldout)} held out")

@@ -9,48 +9,44 @@ wrong with the input is checked before `runs/<name>/` is created.
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import transformers
 
-from longhaul.agent.single_turn import encode_prompt
 from longhaul.config import RunConfig, dump_config
-from longhaul.envs import get_family
 from longhaul.errors import LonghaulError
 from longhaul.eval.agent_metrics import agent_metrics
-from longhaul.eval.envcheck import require_checked
-from longhaul.eval.passrate import EvalResult, compare, evaluate
+from longhaul.eval.passrate import compare
 from longhaul.eval.report import write_report
 from longhaul.models import load_frozen, load_policy
 from longhaul.models.lora import apply_lora
-from longhaul.rl.checkpoint import list_checkpoints, load_trainer_state, load_weights, save_checkpoint, set_rng_state
+from longhaul.rl.checkpoint import load_trainer_state, load_weights, save_checkpoint, set_rng_state
 from longhaul.rl.grpo import GRPOTrainer
-from longhaul.rl.registry import Registry
+from longhaul.runtime.algorithms import ALGORITHMS
 from longhaul.runtime.buffer import ReplayBuffer
 from longhaul.runtime.memory import measure
 from longhaul.runtime.controller import Controller, buffer_capacity, make_rollouts
 from longhaul.runtime.metrics import MetricsLog, read_metrics
 from longhaul.runtime.notice import StopNotice
 from longhaul.runtime.progress import console, progress_bar
-from longhaul.runtime.rollout import build_family, make_sampler
+from longhaul.runtime.rollout import make_sampler
+from longhaul.runtime.setup import evaluate_heldout, open_run_dir, prepare
 from longhaul.runtime.tasks import ScheduledTasks, TaskStream
 
 
-def _grpo(cfg: RunConfig, policy, tok):
+def grpo_trainer(cfg: RunConfig, policy, tok):
     return GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
 
 
-def _ppo(cfg: RunConfig, policy, tok):
+def ppo_trainer(cfg: RunConfig, policy, tok):
     from longhaul.rl.ppo import PPOTrainer
 
     return PPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
 
 
-def _onpolicy_distill(cfg: RunConfig, policy, tok):
+def onpolicy_distill_trainer(cfg: RunConfig, policy, tok):
     from longhaul.rl.distill import OnPolicyDistillTrainer
 
     teacher = load_frozen(cfg.algo.teacher, tok)
@@ -58,153 +54,12 @@ def _onpolicy_distill(cfg: RunConfig, policy, tok):
                                   cfg.rollout.max_new_tokens, cfg.algo.distill_reward_weight, vocab_size=len(tok))
 
 
-ONLINE = Registry("online algorithm")  # algorithms that learn from their own rollouts: name -> trainer factory
-ONLINE.update(grpo=_grpo, ppo=_ppo, onpolicy_distill=_onpolicy_distill)
-
-
-@dataclass
-class Part:
-    """One family a run trains and evaluates on: the run's family, or one domain of a joint run."""
-    name: str | None  # the domain; None for a single-family run
-    family: object
-    train: list  # training tasks (a joint run's domain pool)
-    heldout: list
-    max_new_tokens: int
-
-
-@dataclass
-class Prepared:
-    cfg: RunConfig
-    family: object  # the (first) part's family
-    policy: object
-    tok: object
-    train_tasks: list
-    heldout: list  # every part's held-out tasks, in part order
-    parts: list[Part] = field(default_factory=list)
-    scheduler: object = None  # a joint run's TaskScheduler
-
-
-def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
-    """Load and validate everything; touches nothing on disk except the model cache."""
-    _check_runtime(cfg)
-    scheduler = None
-    if cfg.domains:
-        parts, scheduler = _domain_parts(cfg, training)
-    else:
-        excluded = require_checked(get_family(cfg.task.family)) if cfg.task.require_envcheck and training else set()
-        family = build_family(cfg)
-        n_train = cfg.train.steps * cfg.rollout.prompts_per_step * (1 + (cfg.algo.max_refill_rounds if cfg.algo.dynamic_sampling else 0))  # refills draw extra tasks
-        try:
-            train_tasks = _usable(family, "train", n_train, cfg, excluded) if n_train else []
-            heldout = _usable(family, "heldout", cfg.eval.n_tasks, cfg, excluded) if cfg.eval.before_after else []
-        except ValueError as e:
-            raise LonghaulError(f"task config: {e}") from e
-        parts = [Part(None, family, train_tasks, heldout, cfg.rollout.max_new_tokens)]
-    policy, tok = load_policy(cfg.model.name)
-    context = cfg.model.context_length or policy.config.max_position_embeddings
-    for part in parts:
-        _check_context(part, tok, context, cfg.eval.max_new_tokens if part.heldout else 0)
-    return Prepared(cfg, parts[0].family, policy, tok, parts[0].train if not cfg.domains else [], [t for p in parts for t in p.heldout],
-                    parts, scheduler)
-
-
-def _domain_parts(cfg: RunConfig, training: bool) -> tuple[list[Part], object]:
-    """A joint run's domains (envcheck-gated, version-pinned) as parts, and their scheduler."""
-    from longhaul.runtime.domains import TaskScheduler
-
-    for d in cfg.domains:
-        fam = get_family(d.family)
-        if d.sandbox and (fam.kind == "answer" or fam.make_env is not None):
-            raise LonghaulError(f"domain {d.key!r}: a sandbox override applies to workspace families with the default env; "
-                                f"{d.family!r} scores {'answers' if fam.kind == 'answer' else 'with its own env'}: drop `sandbox`")
-    scheduler = TaskScheduler.from_config(cfg.domains if training else [d.model_copy(update={"require_envcheck": False}) for d in cfg.domains],
-                                          cfg.scheduling, seed=cfg.seed, group_size=cfg.rollout.group_size)
-    n_eval = max(1, cfg.eval.n_tasks // len(cfg.domains))
-    parts = []
-    for dcfg, dom in zip(cfg.domains, scheduler.domains):
-        excluded = require_checked(get_family(dcfg.family)) if dcfg.require_envcheck and training else set()
-        try:
-            heldout = [t for t in dom.family.make_split("heldout", n_eval + len(excluded), dcfg.difficulty, dcfg.subfamilies)
-                       if t.task_id not in excluded][:n_eval] if cfg.eval.before_after else []
-        except ValueError as e:
-            raise LonghaulError(f"domain {dom.name!r}: {e}") from e
-        parts.append(Part(dom.name, dom.family, dom.tasks, heldout, dom.limits.max_new_tokens or cfg.rollout.max_new_tokens))
-    return parts, scheduler
-
-
-def _check_context(part: Part, tok, context: int, eval_tokens: int) -> None:
-    longest = max(part.train + part.heldout, key=lambda t: len(t.prompt))
-    budget = max(part.max_new_tokens, eval_tokens)
-    if part.family.kind == "answer":
-        n_prompt = len(encode_prompt(tok, longest.prompt))
-    else:
-        from longhaul.envs.workspace import WorkspaceEnv
-
-        text = tok.apply_chat_template(WorkspaceEnv.initial_messages(longest), tokenize=False, add_generation_prompt=True)
-        n_prompt = len(tok(text, add_special_tokens=False).input_ids)
-    if n_prompt + budget > context:
-        raise LonghaulError(
-            f"prompt of task {longest.task_id} is {n_prompt} tokens and {budget} new tokens are asked, over the model context "
-            f"of {context}; lower rollout.max_new_tokens / eval.max_new_tokens or raise model.context_length "
-            f"(`longhaul eval --context-length`)"
-        )
-
-
-def _check_runtime(cfg: RunConfig) -> None:
-    rt = cfg.runtime
-    need = (rt.max_staleness + 1 if rt.mode == "async" else 1) * cfg.rollout.prompts_per_step
-    if rt.buffer_capacity and rt.buffer_capacity < need:
-        raise LonghaulError(f"runtime.buffer_capacity={rt.buffer_capacity} cannot hold the {need} groups that max_staleness "
-                            f"{rt.max_staleness} keeps in flight; raise it to >= {need} or set 0 (automatic)")
-    if rt.trainers > 1 and cfg.algo.name != "grpo":
-        raise LonghaulError(f"runtime.trainers={rt.trainers} (data-parallel training) supports algo.name=grpo only; set runtime.trainers=1")
-    if rt.sandbox_pools and (rt.backend != "ray" or rt.mode != "async"):
-        raise LonghaulError(f"runtime.sandbox_pools={rt.sandbox_pools} needs runtime.backend=ray and runtime.mode=async (pools are "
-                            f"Ray actors beside the rollout actors); set runtime.sandbox_pools=0 to score inside the rollout workers")
-    if rt.mode == "async" and cfg.rollout.sampler != "engine":
-        raise LonghaulError("runtime.mode=async needs rollout.sampler=engine (weights are swapped while generation runs)")
-
-
-def _usable(family, split: str, n: int, cfg: RunConfig, excluded: set[str]) -> list:
-    """`n` tasks of a split, skipping those envcheck found flaky or failing."""
-    tasks = family.make_split(split, n + len(excluded), cfg.task.difficulty, cfg.task.subfamilies)
-    return [t for t in tasks if t.task_id not in excluded][:n]
-
-
-def _open_run_dir(cfg: RunConfig, resume: bool) -> tuple[Path, Path | None]:
-    run_dir = cfg.run_dir
-    ckpt = list_checkpoints(run_dir / "checkpoints")[-1] if resume and list_checkpoints(run_dir / "checkpoints") else None
-    if run_dir.exists() and any(run_dir.iterdir()) and not resume:
-        raise LonghaulError(f"run directory {str(run_dir)!r} already exists; pass --resume to continue it or set name=... for a new run")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / "config.yaml.tmp"
-    tmp.write_text(dump_config(cfg))
-    os.replace(tmp, run_dir / "config.yaml")
-    return run_dir, ckpt
-
-
-def evaluate_heldout(prep: Prepared, make_model, label: str, path: Path, samples: int = 1, temperature: float = 0.8) -> EvalResult:
-    """Held-out pass rate of `make_model()`'s sampler over every part (a joint run: each domain's
-    held-out tasks in turn, one result over all of them), cached at `path`."""
-    if path.exists():
-        return EvalResult.load(path)
-    model = make_model()
-    cfg = prep.cfg
-    parts = prep.parts or [Part(None, prep.family, prep.train_tasks, prep.heldout, cfg.rollout.max_new_tokens)]
-    results = []
-    with progress_bar(cfg.log.progress) as prog:
-        bar = prog.add_task(f"eval {label}", total=len(prep.heldout), info="")
-        for part in parts:
-            results.append(evaluate(model, prep.tok, part.family, part.heldout, label, cfg.eval.max_new_tokens, cfg.eval.batch_size,
-                                    cfg.rollout.exec_timeout_s, cfg.rollout.exec_workers, on_batch=lambda n: prog.advance(bar, n),
-                                    samples=samples, temperature=temperature, seed=cfg.seed, max_turns=cfg.eval.max_turns,
-                                    agent=cfg.rollout.agent_options(), max_tokens=cfg.model.context_length))
-    res = results[0] if len(results) == 1 else EvalResult.concat(results)
-    res.save(path)
-    lo, hi = res.interval
-    if cfg.log.progress:
-        console.print(f"[bold]{label}[/]: held-out pass rate {100 * res.rate:.1f}% ({sum(res.passed)}/{len(res.passed)}, 95% [{100 * lo:.1f}, {100 * hi:.1f}])")
-    return res
+def online_builder(name: str):
+    """The trainer factory of the online algorithm `name` (runtime.algorithms)."""
+    algo = ALGORITHMS.get_fn(name)
+    if algo.driver != "online":
+        raise LonghaulError(f"algo.name={name} learns from a dataset, not from rollouts; run it with `longhaul train` and data.path")
+    return algo.load()
 
 
 def _step_metrics(groups, gen: dict, m: dict, step_time: float) -> dict:
@@ -233,7 +88,7 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(cfg.seed)
     prep = prepare(cfg)
-    run_dir, ckpt = _open_run_dir(cfg, resume)
+    run_dir, ckpt = open_run_dir(cfg, resume)
     console.rule(f"longhaul train: {cfg.name}")
     console.print(dump_config(cfg), end="")
     policy, tok, family = prep.policy, prep.tok, prep.family
@@ -245,7 +100,7 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
 
         trainer = ShardedTrainer(cfg, policy, tok, ckpt)
     else:
-        trainer = ONLINE.get_fn(cfg.algo.name)(cfg, policy, tok)
+        trainer = online_builder(cfg.algo.name)(cfg, policy, tok)
     source = ScheduledTasks(prep.scheduler) if prep.scheduler is not None else TaskStream(prep.train_tasks)
     start, state = 0, None
     if ckpt is not None:
