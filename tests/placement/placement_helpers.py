@@ -1,4 +1,31 @@
-"""Shared helper of the placer's tests: a check of its books."""
+"""Shared helpers of the placer's tests: a check of its books, and its parts built by hand over
+one state (to test a part without a `Placer` pass)."""
+
+from types import SimpleNamespace
+
+from longhaul.placement.books import Books
+from longhaul.placement.cluster import Cluster
+from longhaul.placement.handover import Handover
+from longhaul.placement.holds import Holds
+from longhaul.placement.placement import PLACEMENT
+from longhaul.placement.preemption import Preemption
+from longhaul.placement.state import PlacerConfig, PlacerState
+
+
+def parts(cluster: Cluster, cfg: PlacerConfig | None = None, weights: dict[str, float] | None = None) -> SimpleNamespace:
+    """The placer's parts over a fresh state: `.state`, `.holds`, `.books`, `.handover`, `.preemption`."""
+    state = PlacerState(cluster, cfg or PlacerConfig(), weights or {})
+    holds = Holds(state)
+    books = Books(state, holds)
+    handover = Handover(state, books, holds)
+    preemption = Preemption(state, PLACEMENT.get_fn(state.cfg.policy), books, holds, handover)
+    return SimpleNamespace(state=state, holds=holds, books=books, handover=handover, preemption=preemption)
+
+
+def run_by_hand(t: SimpleNamespace, job, nodes: list[int], now: float):
+    """Queue `job` and start it on `nodes` at `now`, as a pass would."""
+    t.books.enqueue(job, now)
+    return t.books.start(job, nodes, now)
 
 
 def check_books(placer, n_nodes: int) -> None:

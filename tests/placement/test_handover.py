@@ -11,7 +11,7 @@ from benchmarks.sim.workload import DomainSpec, SimJob, WorkloadSpec, make_workl
 from longhaul.placement.cluster import Cluster, Node, Resources
 from longhaul.placement.placement import Job, WorkUnit
 from longhaul.placement.placer import PRESETS, Placer, PlacerConfig
-from tests.placement.placement_helpers import check_books
+from tests.placement.placement_helpers import check_books, parts, run_by_hand
 
 NODE = Resources(cpus=16, mem_gb=64, gpus=8)
 
@@ -50,14 +50,35 @@ def test_a_told_victim_keeps_its_gpus_while_it_saves_and_the_head_claims_the_res
     p.c.check()
 
 
+def test_the_handover_alone_keeps_a_told_victims_nodes_until_its_save_ends():
+    t = parts(Cluster([Node("n0", NODE, "r")]), PlacerConfig(notice=True, usage_half_life_s=None))
+    s = t.state
+    victim = run_by_hand(t, _job("train", 4, notice_save_s=50.0, checkpoint_every_s=1800.0), [0], 0.0)
+    head = _job("urgent", 8, priority=1, at=100.0)
+    t.books.enqueue(head, 100.0)
+    assert t.handover.told(victim, 100.0)  # its 50 s save loses less than the 100 s since it started
+    log = []
+    t.handover.tell([victim], head, [0], 100.0, log)
+    assert log == [("notice", victim)] and s.stopping == {"train": (victim, 150.0)} and not s.running
+    assert s.awaiting == {"urgent": ([0], 150.0, ["train"])} and s.c.holdings["urgent"] == [(0, (0, 0, 4))]  # claims the free half
+    assert s.c.holdings["train"] == [(0, (1000, 4096, 4))] and s.level("d", 100.0) == 0.0  # holds its GPUs, no longer its domain's use
+    t.handover.hand_over(149.0, log)
+    assert len(log) == 1  # still saving
+    t.handover.hand_over(150.0, log)
+    assert [(what, r.job.id) for what, r in log[1:]] == [("preempt", "train"), ("start", "urgent")]
+    assert s.jobs.keys() == {"train"} and s.waiting_since["train"] == 150.0 and not s.stopping and not s.awaiting
+    assert s.c.holdings["urgent"] == [(0, (1000, 4096, 8))]
+    s.c.check()
+
+
 def test_the_cost_of_a_told_victim_is_its_save_and_it_goes_first():
     p = _placer(nodes=1)
     p.submit(_job("rollout", 4, checkpoint_every_s=300.0), 0.0)
     p.submit(_job("train", 4, notice_save_s=100.0, checkpoint_every_s=1800.0), 0.0)
     p.schedule(0.0)
     # at 250 s the rollout would lose 250 s (it saves at 300), the training run its 100 s save, not 250 s
-    assert p._unsaved_s(p.running["rollout"], 250.0) == pytest.approx(250.0)
-    assert p._unsaved_s(p.running["train"], 250.0) == pytest.approx(100.0)
+    assert p.preemption.unsaved_s(p.running["rollout"], 250.0) == pytest.approx(250.0)
+    assert p.preemption.unsaved_s(p.running["train"], 250.0) == pytest.approx(100.0)
     p.submit(_job("urgent", 4, priority=1, at=250.0), 250.0)
     assert _what(p.schedule(250.0)) == [("notice", "train")]
 
@@ -68,10 +89,10 @@ def test_a_victim_that_just_saved_or_is_still_loading_is_killed_not_told():
     p.schedule(0.0)
     run = p.running["train"]
     run.working_from = 20.0  # loaded for 20 s: saves at 320, 620, ... s
-    assert not p._told(run, 10.0)  # still loading: nothing new to save
-    assert p._unsaved_s(run, 10.0) == pytest.approx(10.0)
-    assert not p._told(run, 340.0) and p._unsaved_s(run, 340.0) == pytest.approx(20.0)  # saved 20 s ago: killing loses less
-    assert p._told(run, 500.0) and p._unsaved_s(run, 500.0) == pytest.approx(100.0)
+    assert not p.handover.told(run, 10.0)  # still loading: nothing new to save
+    assert p.preemption.unsaved_s(run, 10.0) == pytest.approx(10.0)
+    assert not p.handover.told(run, 340.0) and p.preemption.unsaved_s(run, 340.0) == pytest.approx(20.0)  # saved 20 s ago: killing loses less
+    assert p.handover.told(run, 500.0) and p.preemption.unsaved_s(run, 500.0) == pytest.approx(100.0)
     p.submit(_job("urgent", 8, priority=1, at=340.0), 340.0)
     assert _what(p.schedule(340.0)) == [("preempt", "train"), ("start", "urgent")]
 
@@ -80,7 +101,7 @@ def test_with_notice_off_every_victim_is_killed_at_once():
     p = _placer(notice=False)
     p.submit(_job("train", 8, notice_save_s=50.0, checkpoint_every_s=1800.0), 0.0)
     p.schedule(0.0)
-    assert p._unsaved_s(p.running["train"], 100.0) == pytest.approx(100.0)
+    assert p.preemption.unsaved_s(p.running["train"], 100.0) == pytest.approx(100.0)
     p.submit(_job("urgent", 8, priority=1, at=100.0), 100.0)
     assert _what(p.schedule(100.0)) == [("preempt", "train"), ("start", "urgent")]
 
@@ -179,7 +200,7 @@ notice_op_st = st.tuples(st.one_of(submit_st, st.tuples(st.just("release"), st.i
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(n_nodes=st.integers(1, 4), ops=st.lists(notice_op_st, min_size=5, max_size=80),
-       cfg=st.sampled_from([{}, {"hold_nodes": 2, "easy_backfill": True}, {"entitled_preempt": True, "entitled_holds": True, "hold_nodes": 2},
+       cfg=st.sampled_from([{}, {"hold_for_first": False}, {"entitled_preempt": False},
                             {"reserve_after_s": 0.0, "queue_order": "submitted"}]))
 def test_notice_preemption_never_oversubscribes_a_node(n_nodes, ops, cfg):
     cfg = PRESETS["longhaul"].model_copy(update={"notice": True, "preempt_after_s": 0.0, "fair_preempt_after_s": 0.0,

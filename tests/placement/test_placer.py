@@ -42,14 +42,13 @@ op_st = st.one_of(st.tuples(st.just("submit"), job_st), st.tuples(st.just("relea
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(caps=st.lists(st.tuples(st.integers(1, 32), st.integers(8, 128), st.integers(0, 8), st.integers(0, 2)), min_size=1, max_size=6),
        ops=st.lists(op_st, min_size=1, max_size=60), preset=st.sampled_from(sorted(PRESETS)),
-       reserve=st.sampled_from([None, 0.0, 100.0]), holds=st.sampled_from([(0, False, False), (2, False, False), (2, True, False), (2, True, True)]),
-       entitled=st.booleans(), instant=st.booleans(), split=st.booleans(), spare=st.booleans())
-def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, holds, entitled, instant, split, spare):
+       reserve=st.sampled_from([None, 0.0, 100.0]), hold=st.booleans(), entitled=st.booleans(), instant=st.booleans(),
+       split=st.booleans())
+def test_no_node_is_ever_oversubscribed(caps, ops, preset, reserve, hold, entitled, instant, split):
     nodes = [Node(f"n{i}", Resources(c, m, g), f"rack{r}") for i, (c, m, g, r) in enumerate(caps)]
-    cfg = PRESETS[preset].model_copy(update={"reserve_after_s": reserve, "preempt_after_s": 30.0, "hold_nodes": holds[0],
-                                             "easy_backfill": holds[1], "entitled_holds": holds[2], "entitled_preempt": entitled,
-                                             "notice": True, "instant_first": instant, "split_elastic": split,
-                                             "spare_gangs": spare}
+    cfg = PRESETS[preset].model_copy(update={"reserve_after_s": reserve, "preempt_after_s": 30.0, "hold_for_first": hold,
+                                             "entitled_preempt": entitled, "notice": True, "instant_first": instant,
+                                             "split_elastic": split}
                                        if preset == "longhaul" else {"split_elastic": split})
     placer = Placer(Cluster(nodes), cfg, {"d0": 1.0, "d1": 3.0})
     now, n = 0.0, 0
@@ -201,19 +200,6 @@ def test_the_victim_that_saved_most_recently_goes_first():
     assert _preempted(p.schedule(305.0)) == ["saves"]
 
 
-def test_aging_orders_a_long_waiting_job_one_priority_higher():
-    def first_started(age_after_s):
-        p = _placer(age_after_s=age_after_s, preempt=False, reserve_after_s=None)
-        p.submit(_job("blocker", 8, domain="x"), 0.0)
-        p.schedule(0.0)
-        p.submit(_job("old-low", 8, domain="lo", priority=0), 0.0)
-        p.submit(_job("new-high", 8, domain="hi", priority=1, at=4000.0), 4000.0)
-        p.release("blocker")
-        return _started(p.schedule(4000.0))
-    assert first_started(None) == ["new-high"]
-    assert first_started(3600.0) == ["old-low"]  # equal ordering priority now, and it came first
-
-
 def test_fair_preemption_evicts_over_share_domains_without_ping_pong():
     c = Cluster([Node("n0", NODE, "r")])
     p = Placer(c, PlacerConfig(fair_preempt_after_s=100.0, preempt_after_s=0), {"a": 1.0, "b": 1.0})
@@ -242,26 +228,6 @@ def test_a_domain_that_just_ran_a_large_job_waits_behind_one_that_did_not():
         return _started(p.schedule(3600.0))
     assert next_started(None) == ["a1"]  # the instantaneous share ties, and a's head came first
     assert next_started(3 * 3600.0) == ["b0"]
-
-
-def test_an_aged_job_runs_one_priority_higher_so_lower_priorities_are_not_starved():
-    p = _placer(age_after_s=600.0, preempt_after_s=0, reserve_after_s=None)
-    p.submit(_job("busy", 8, domain="hi", priority=1), 0.0)
-    p.schedule(0.0)
-    p.submit(_job("low", 8, domain="lo", priority=0), 0.0)
-    t = 0.0
-    for k in range(20):  # priority-1 work keeps arriving; each job runs 60 s
-        t += 60.0
-        p.release(next(iter(p.running)), t)
-        p.submit(_job(f"hi{k}", 8, domain="hi", priority=1, at=t), t)
-        p.schedule(t)
-        if "low" in p.running:
-            break
-    assert "low" in p.running and t <= 600.0 + 60.0  # started within the bound and a pass
-    p.submit(_job("peer", 8, domain="hi", priority=1, at=t), t)
-    assert _preempted(p.schedule(t + 100.0)) == []  # the priority it was lifted over may not evict it
-    p.submit(_job("urgent", 8, domain="x", priority=2, at=t), t)
-    assert _preempted(p.schedule(t + 200.0)) == ["low"]  # a priority above that may
 
 
 def test_only_the_domain_the_fair_order_serves_first_gets_nodes_drained():
@@ -344,9 +310,9 @@ def test_checkpoint_times_count_from_when_the_job_began_working():
     p.running["loaded-late"].working_from = 40.0  # it spent 40 s loading: it saves at 140, 240, ... s
     p.running["loaded-early"].working_from = 0.0
     # at 150 s "loaded-late" saved 10 s ago, "loaded-early" 50 s ago; a clock from the start would say 50 s for both
-    assert p._unsaved_s(p.running["loaded-late"], 150.0) == pytest.approx(10.0)
+    assert p.preemption.unsaved_s(p.running["loaded-late"], 150.0) == pytest.approx(10.0)
     p.running["loaded-early"].pace = 2.0  # it works at half speed: 75 s of work at 150 s, nothing saved yet
-    assert p._unsaved_s(p.running["loaded-early"], 150.0) == pytest.approx(150.0)
+    assert p.preemption.unsaved_s(p.running["loaded-early"], 150.0) == pytest.approx(150.0)
     p.submit(_job("urgent", 4, priority=1), 150.0)
     assert _preempted(p.schedule(150.0)) == ["loaded-late"]
 
@@ -445,23 +411,6 @@ def test_instant_first_kills_a_victim_rather_than_wait_for_a_save(instant_first)
     else:
         assert log == [("notice", "train")] and "hi0" in p.awaiting
         assert _started(p.schedule(1050.0)) == ["hi0"]
-
-
-@pytest.mark.parametrize("spare_gangs", [False, True])
-def test_spare_gangs_evicts_a_one_node_job_rather_than_a_gang(spare_gangs):
-    # a two-node gang and a one-node job, both of lower priority; the head needs one node: evicting
-    # the gang frees a node the head does not use, and spare_gangs weighs the one-node job first
-    p = _placer(nodes=3, preempt_after_s=0, reserve_after_s=None, spare_gangs=spare_gangs)
-    p.submit(_job("gang", 8, units=2, domain="lo"), 0.0)
-    p.submit(_job("solo", 8, domain="lo", at=1.0), 1.0)
-    assert _started(p.schedule(1.0)) == ["gang", "solo"]
-    p.submit(_job("hi0", 8, domain="hi", priority=1, at=100.0), 100.0)
-    log = p.schedule(100.0)
-    assert _preempted(log) == (["solo"] if spare_gangs else ["gang"]) and _started(log) == ["hi0"]
-    if spare_gangs:  # when no one-node victim will do, the gang is still taken
-        p.submit(_job("hi1", 8, units=2, domain="hi", priority=1, at=200.0), 200.0)
-        log = p.schedule(200.0)
-        assert _preempted(log) == ["gang"] and _started(log) == ["hi1"]
 
 
 @pytest.mark.parametrize("split", [True, False])

@@ -60,7 +60,7 @@ def test_a_replica_whose_peers_work_is_killed_and_the_last_one_is_told():
     # a peer keeps the state: killing one loses its 20 s leave, not the 600 s since it started, and it kept its progress
     assert [(w, r.job.id) for w, r in log] == [("preempt", "train#0"), ("start", "high")]
     survivor = p.running["train#1"]
-    assert p._cadence_loss_s(survivor, 600.0) == 600.0 and not p._saved_since_start(survivor, 600.0)  # now alone
+    assert p.handover.cadence_loss_s(survivor, 600.0) == 600.0 and not p.handover.saved_since_start(survivor, 600.0)  # now alone
     p.submit(_other("higher", 700.0, priority=2), 700.0)
     assert [(w, r.job.id) for w, r in p.schedule(700.0)] == [("notice", "train#1")]  # the only copy: told, it saves
 

@@ -1,5 +1,6 @@
 """Placing the work of many domains on a cluster: the cluster model and its ledger (`cluster`),
-jobs, work units and node-choice policies (`placement`), the placer (`placer`, with
-`preemption`, `holds` and `handover`), its estimates (`durations`, `usage`, `entitlement`) and
-the mapping onto Ray placement groups (`ray_mapping`). The training loop does not use it; the
-simulator that measures it is `benchmarks/sim`. See docs/scheduling.md."""
+jobs, work units and node-choice policies (`placement`), the placer (`placer`, composing its
+parts over one shared state, `state`: `books`, `holds`, `preemption` and `handover`), its
+estimates (`usage`, `entitlement`) and the mapping onto Ray placement groups (`ray_mapping`).
+The training loop does not use it; the simulator that measures it is `benchmarks/sim`. See
+docs/scheduling.md."""

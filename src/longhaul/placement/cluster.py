@@ -60,10 +60,6 @@ class Cluster:
         self.rack_of = [n.rack for n in nodes]
         self.rack_gpu = {r: [i for i in m if self.cap[i][2] > 0] for r, m in self.racks.items()}  # GPU nodes of each rack
         self.rack_cpu = {r: [i for i in m if self.cap[i][2] == 0] for r, m in self.racks.items()}  # CPU-only nodes
-        self.by_free_gpus: list[set[int]] = [set() for _ in range(max((c[2] for c in self.cap), default=0) + 1)]  # g -> GPU nodes with g free
-        for i, c in enumerate(self.cap):
-            if c[2]:
-                self.by_free_gpus[c[2]].add(i)
         self.rack_max: dict[str, tuple] = {}  # per rack, the largest free amount of each kind on one node
         self.rack_free: dict[str, tuple] = {}  # per rack, the free amount of each kind summed over its nodes
         for r in self.racks:
@@ -100,7 +96,6 @@ class Cluster:
                     raise Oversubscribed(f"node {self.nodes[i].name} has {Resources.of(tuple(self.free[i]))} free, "
                                          f"job {job_id!r} asked for {Resources.of(tuple(u))}")
             for i, u in need.items():
-                self._move(i, -u[2])
                 for k in range(3):
                     self.free[i][k] -= u[k]
                     self.free_total[k] -= u[k]
@@ -114,7 +109,6 @@ class Cluster:
         with self._lock:
             held = self.holdings.pop(job_id, [])
             for i, u in held:
-                self._move(i, u[2])
                 for k in range(3):
                     self.free[i][k] += u[k]
                     self.free_total[k] += u[k]
@@ -122,17 +116,6 @@ class Cluster:
             for r in {self.rack_of[i] for i, _ in held}:
                 self._summarise(r)
             return held
-
-    def _move(self, i: int, gpus: int) -> None:
-        """Node `i`'s free GPUs are about to change by `gpus`: re-file it in `by_free_gpus`."""
-        if gpus and self.cap[i][2]:
-            self.by_free_gpus[self.free[i][2]].discard(i)
-            self.by_free_gpus[self.free[i][2] + gpus].add(i)
-
-    def most_free_gpus(self):
-        """GPU nodes, those with the most free GPUs first (the lowest index first among equals)."""
-        for g in range(len(self.by_free_gpus) - 1, -1, -1):
-            yield from sorted(self.by_free_gpus[g])
 
     def note_checkpoint(self, i: int, key: str) -> None:
         """Node `i` loaded checkpoint `key`; it keeps the `cache_slots` most recent ones."""
@@ -169,7 +152,5 @@ class Cluster:
             if self.rack_max[r] != tuple(max(self.free[i][k] for i in members) for k in range(3)) or \
                     self.rack_free[r] != tuple(sum(self.free[i][k] for i in members) for k in range(3)):
                 raise Oversubscribed(f"rack {r}: stale free-capacity summary")
-        if any(i not in self.by_free_gpus[self.free[i][2]] for i in range(len(self.nodes)) if self.cap[i][2]):
-            raise Oversubscribed("cluster: stale index of nodes by free GPUs")
         if tuple(self.free_total) != tuple(sum(f[k] for f in self.free) for k in range(3)):
             raise Oversubscribed("cluster: free totals do not match the nodes")

@@ -1,6 +1,7 @@
-"""Pre-emption with notice (`Placer` mixes this in): how a victim that saves on notice hands its
-nodes over to the head that evicted it. It owns the handover; which victims are taken is
-`preemption.py`'s, the queues and the books `placer.py`'s and `cluster.py`'s.
+"""Pre-emption with notice: how a victim that saves on notice hands its nodes over to the head
+that evicted it, and what evicting a running job costs (whether it is told, how much work it
+loses). It owns the handover and those costs; which victims are taken is `preemption.py`'s,
+the moves between queued and running `books.py`'s, the ledger `cluster.py`'s.
 
 A job with `Job.notice_save_s` (a training run that checkpoints on SIGTERM and exits, like a
 Kubernetes pod in its grace period or a Slurm job with `--signal`) is told instead of killed,
@@ -30,8 +31,11 @@ save, and evicting it costs their regroup, `Replica.leave_s` each.
 
 from __future__ import annotations
 
+from longhaul.placement.books import Books
 from longhaul.placement.cluster import Resources
+from longhaul.placement.holds import Holds
 from longhaul.placement.placement import Job, Running
+from longhaul.placement.state import PlacerState
 
 
 def per_node(nodes: list[int], needs: list[tuple[int, int, int]]) -> dict[int, list[int]]:
@@ -45,19 +49,24 @@ def per_node(nodes: list[int], needs: list[tuple[int, int, int]]) -> dict[int, l
 
 
 class Handover:
-    def _with_peers(self, run: Running, now: float, leaving=()) -> int:
+    def __init__(self, state: PlacerState, books: Books, holds: Holds):
+        self.s, self.books, self.holds = state, books, holds
+
+    # what evicting a run costs
+    def with_peers(self, run: Running, now: float, leaving=()) -> int:
         """How many replicas of `run`'s training run (`Job.replica`) work (loaded) beside it, not
         counting those `leaving` with it: its peers hold the whole state, so evicting it costs only
         a regroup (`Replica.leave_s`). One started in this pass has not loaded, whatever it reports."""
         if run.job.replica is None:
             return 0
-        return sum(p != run.job.id and p not in leaving and self.running[p].started < now and self._begun(self.running[p]) <= now
-                   for p in self.replicas_running.get(run.job.batch, ()))
+        running = self.s.running
+        return sum(p != run.job.id and p not in leaving and running[p].started < now and self._begun(running[p]) <= now
+                   for p in self.s.replicas_running.get(run.job.batch, ()))
 
-    def _cadence_loss_s(self, run: Running, now: float, leaving=()) -> float:
+    def cadence_loss_s(self, run: Running, now: float, leaving=()) -> float:
         """Wall seconds since `run` last saved at its cadence (or started: a load is lost too); a
         replica whose peers work loses only their regroup (they keep the state), counted in its own share."""
-        if peers := self._with_peers(run, now, leaving):  # they all regroup: the leave counts once for each of them
+        if peers := self.with_peers(run, now, leaving):  # they all regroup: the leave counts once for each of them
             return run.job.replica.leave_s * peers
         if run.saved_at is not None:  # its run reports when it last saved (a replica: the run's saves, not its own clock)
             return now - (run.started if now < self._begun(run) else run.saved_at)
@@ -66,8 +75,9 @@ class Handover:
             return now - run.started
         return (work % every) * run.pace
 
-    def _saved_since_start(self, run: Running, now: float) -> bool:
-        if self._with_peers(run, now):  # its peers keep its work
+    def saved_since_start(self, run: Running, now: float) -> bool:
+        """Whether `run` saved since it started (or its working peers keep its work)."""
+        if self.with_peers(run, now):  # its peers keep its work
             return True
         if run.saved_at is not None:
             return run.started < run.saved_at <= now
@@ -82,65 +92,68 @@ class Handover:
     def _begun(run: Running) -> float:
         return run.started if run.working_from is None else run.working_from
 
-    def _told(self, run: Running, now: float, loss: float | None = None, leaving=()) -> bool:
+    def told(self, run: Running, now: float, loss: float | None = None, leaving=()) -> bool:
         """Whether evicting `run` now means telling it: it saves on notice, has begun working, and
-        the save loses less than killing it (`loss`: its `_cadence_loss_s`, if known)."""
+        the save loses less than killing it (`loss`: its `cadence_loss_s`, if known)."""
         save = run.job.notice_save_s
-        return (self.cfg.notice and save is not None and now > self._begun(run) and not self._with_peers(run, now, leaving)
-                and save < (self._cadence_loss_s(run, now, leaving) if loss is None else loss))
+        return (self.s.cfg.notice and save is not None and now > self._begun(run) and not self.with_peers(run, now, leaving)
+                and save < (self.cadence_loss_s(run, now, leaving) if loss is None else loss))
 
-    def _tell(self, victims: list[Running], head: Job, nodes: list[int], now: float, log: list) -> None:
+    # the handover
+    def tell(self, victims: list[Running], head: Job, nodes: list[int], now: float, log: list) -> None:
         """Tell `victims` to save and exit; `head` awaits them on `nodes`, claiming the rest of what it needs there."""
         ready, ids = now, [r.job.id for r in victims]
         for run in victims:
-            jid = run.job.id
-            del self.running[jid]
-            self._count_replica(run.job, -1)
-            self._estimate_at_start.pop(jid, None)
-            self._hold(run.job, -1, self.by_priority[run.rank].pop(jid, None) is not None, now)
-            self.stopping[jid] = (run, now + run.job.notice_save_s)
+            self.books.leave(run.job.id, now)
+            self.s.stopping[run.job.id] = (run, now + run.job.notice_save_s)
             ready = max(ready, now + run.job.notice_save_s)
             log.append(("notice", run))
         self._claim(head, nodes, ids)
-        for i in self.reserved.pop(head.id, ()):  # it has its nodes: its drained ones are open again
-            self.node_reserved.pop(i, None)
-        self.awaiting[head.id] = (list(nodes), ready, ids)
+        self.holds.drop(head.id)  # it has its nodes: its drained ones are open again
+        self.s.awaiting[head.id] = (list(nodes), ready, ids)
 
     def _claim(self, head: Job, nodes: list[int], saving: list[str]) -> None:
         """Take for `head` what its units need on `nodes` beyond what its `saving` victims hold
         there. It is free: the victims' plan covered the need, and a victim that has saved since
         gave its room back in the same pass."""
-        need = per_node(nodes, head.needs)
+        c, need = self.s.c, per_node(nodes, head.needs)
         for jid in saving:
-            for i, held in self.c.holdings[jid]:
+            for i, held in c.holdings[jid]:
                 if i in need:
                     need[i] = [max(0, need[i][k] - held[k]) for k in range(3)]
         claim = [(i, Resources.of(tuple(u))) for i, u in need.items() if any(u)]
         if claim:
-            self.c.allocate(head.id, claim)
+            c.allocate(head.id, claim)
 
-    def _hand_over(self, now: float, log: list) -> None:
+    def hand_over(self, now: float, log: list) -> None:
         """Release the told victims whose save has ended (back in their queues); a head whose
         victims have all saved starts, one still waiting for some claims the room the others gave back."""
-        saved = set()
-        for jid, (run, until) in sorted(self.stopping.items(), key=lambda kv: (kv[1][1], kv[0])):
+        s, saved = self.s, set()
+        for jid, (run, until) in sorted(s.stopping.items(), key=lambda kv: (kv[1][1], kv[0])):
             if until <= now:
-                del self.stopping[jid]
-                self.c.release(jid)
-                self._failed.clear()
-                self._bonus.clear()
-                self._failed_preempt.clear()
-                self._requeue(run.job, now)
+                del s.stopping[jid]
+                s.c.release(jid)
+                s.failed.clear()
+                s.candidates.clear()
+                s.failed_preempt.clear()
+                self.books.requeue(run.job, now)
                 saved.add(jid)
                 log.append(("preempt", run))
-        for jid, (nodes, ready, victims) in list(self.awaiting.items()):
+        for jid, (nodes, ready, victims) in list(s.awaiting.items()):
             if not saved.intersection(victims):
                 continue
-            self.c.release(jid)  # its claim
-            job, saving = self.jobs[jid], [v for v in victims if v in self.stopping]
+            s.c.release(jid)  # its claim
+            job, saving = s.jobs[jid], [v for v in victims if v in s.stopping]
             if saving:
                 self._claim(job, nodes, saving)
                 continue
-            del self.awaiting[jid]
-            if all(self.c.fits(i, u) for i, u in per_node(nodes, job.needs).items()):
-                log.append(("start", self._start(job, nodes, now)))
+            del s.awaiting[jid]
+            if all(s.c.fits(i, u) for i, u in per_node(nodes, job.needs).items()):
+                log.append(("start", self.books.start(job, nodes, now)))
+
+    def withdraw(self, head_id: str) -> None:
+        """A queued head leaves: if it awaits its victims' saves, it gives back the room it claimed."""
+        if head_id in self.s.awaiting:
+            del self.s.awaiting[head_id]
+            self.s.c.release(head_id)
+            self.s.failed.clear()

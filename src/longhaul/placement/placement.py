@@ -85,14 +85,9 @@ class Running:
     nodes: list[int]  # node of each unit
     started: float
     load_from: list[str] = field(default_factory=list)  # per unit: "local", "rack", "remote" or "" (loads nothing)
-    priority: int | None = None  # what it runs as: its own priority, one higher if it started aged (None: its own)
     working_from: float | None = None  # when it began working, after loading its checkpoint, as the job reports it (None: at `started`)
     pace: float = 1.0  # wall seconds a second of work takes (a gang spread over racks runs slower), as the job reports it
     saved_at: float | None = None  # since when its work is unsaved, as the job reports it (a replica: its run's); None: by its cadence from working_from
-
-    @property
-    def rank(self) -> int:
-        return self.job.priority if self.priority is None else self.priority
 
 
 def shards(job: Job) -> tuple[Job, ...]:
