@@ -292,6 +292,9 @@ class PipelineEvalConfig(Section):
     humaneval: bool = True  # also HumanEval pass@1 of the base and the final model (does agent training cost coding?)
     humaneval_tasks: int = Field(164, ge=1, le=164)  # the first N of HumanEval's 164 problems
     show: int = Field(3, ge=0)  # held-out episodes shown turn by turn in the report, before and after
+    # a family's held-out tasks split evenly over its sub-families (else each task draws one at random,
+    # and a set of 30 can hold 11 of one kind): one sub-family's behaviour does not swing the result
+    stratify: bool = True
 
 
 class PipelineConfig(Section):
@@ -302,6 +305,8 @@ class PipelineConfig(Section):
     model: ModelConfig = ModelConfig(context_length=4096)
     families: list[str] = ["multistep", "terminal"]  # workspace families of the demonstrations, the RL and the evaluation
     difficulty: int = Field(1, ge=1, le=3)
+    # family -> the sub-families its demonstrations, RL and evaluation use (a family not named: all of them)
+    subfamilies: dict[str, list[str]] = {}
     # "family/subfamily": never in the demonstrations or the RL; evaluated apart (does the skill transfer?)
     heldout_subfamilies: list[str] = []
     demos: DemosConfig = DemosConfig()

@@ -61,6 +61,32 @@ def test_bad_pipeline_configs_get_one_line_errors(tmp_path):
     assert not (tmp_path / "unchecked" / "demos.jsonl").exists(), "refused before the first stage, not after the SFT"
 
 
+def test_subfamilies_choose_what_trains_and_stratified_sets_balance_them(tmp_path):
+    pipe = Pipeline(_cfg(tmp_path, "subfamilies={terminal: [sort_unique, fix_perms, grep_files]}",
+                         "heldout_subfamilies=[terminal/fix_perms]", "eval.tasks=7"))
+    assert pipe.allowed("terminal") == ["sort_unique", "grep_files"]
+    rl = pipe.rl_config("x")
+    assert (rl.task.subfamilies if not rl.domains else rl.domains[0].subfamilies) == ["sort_unique", "grep_files"]
+    sets = pipe.eval_sets()
+    kinds = [t.task_id.split("/")[2] for t in sets["terminal"]]
+    assert kinds == ["sort_unique", "grep_files"] * 3 + ["sort_unique"], "even and interleaved"
+    assert len({t.task_id for t in sets["terminal"]}) == 7
+    held = sets["terminal/fix_perms (held-out sub-family)"]
+    assert len(held) == 7 and {t.task_id.split("/")[2] for t in held} == {"fix_perms"}
+    loose = Pipeline(_cfg(tmp_path, "eval.stratify=false", "eval.tasks=7"))
+    drawn = loose.families["terminal"].make_split("heldout", 7, 1, loose.allowed("terminal"))
+    assert [t.task_id for t in loose.eval_sets()["terminal"]] == [t.task_id for t in drawn], "each task draws its kind"
+
+
+def test_bad_subfamily_choices_get_one_line_errors(tmp_path):
+    with pytest.raises(LonghaulError, match="subfamilies: 'multistep' is not one of the listed families"):
+        Pipeline(_cfg(tmp_path, "subfamilies={multistep: [git_restore]}"))
+    with pytest.raises(LonghaulError, match=r"subfamilies: terminal: \['nope'\] is not a list of its sub-families"):
+        Pipeline(_cfg(tmp_path, "subfamilies={terminal: [nope]}"))
+    with pytest.raises(LonghaulError, match="no sub-family left to train on"):
+        Pipeline(_cfg(tmp_path, "subfamilies={terminal: [fix_perms]}", "heldout_subfamilies=[terminal/fix_perms]"))
+
+
 def test_the_main_job_config_validates_every_stage():
     cfg = load_config("examples/agent.yaml", model=PipelineConfig)
     pipe = Pipeline(cfg)

@@ -117,6 +117,14 @@ class Pipeline:
         bad = [f for f in self.families.values() if f.kind != "workspace"]
         if bad:
             raise LonghaulError(f"the pipeline trains agents: family {bad[0].name!r} is single-turn; list workspace families")
+        for fam, subs in cfg.subfamilies.items():
+            if fam not in self.families:
+                raise LonghaulError(f"subfamilies: {fam!r} is not one of the listed families ({', '.join(cfg.families)}); "
+                                    "name a listed family")
+            unknown = [s for s in subs if s not in self.families[fam].subfamilies]
+            if unknown or not subs:
+                raise LonghaulError(f"subfamilies: {fam}: {unknown or 'an empty list'} is not a list of its sub-families "
+                                    f"(valid: {', '.join(self.families[fam].subfamilies)})")
         self.heldout_subs: dict[str, list[str]] = {}
         for item in cfg.heldout_subfamilies:
             fam, _, sub = item.partition("/")
@@ -124,6 +132,10 @@ class Pipeline:
                 raise LonghaulError(f"heldout_subfamilies: {item!r} is not family/subfamily of a listed family "
                                     f"(e.g. {cfg.families[0]}/{sorted(self.families[cfg.families[0]].subfamilies)[0]})")
             self.heldout_subs.setdefault(fam, []).append(sub)
+        empty = [f for f in self.families if self.allowed(f) == []]
+        if empty:
+            raise LonghaulError(f"family {empty[0]!r} has no sub-family left to train on after heldout_subfamilies; "
+                                "hold out fewer of its sub-families")
         self.timing: dict[str, float] = {}
         # the stages' settings are checked now, not after the stages before them have run
         if "sft" in cfg.stages:
@@ -132,9 +144,11 @@ class Pipeline:
             self.rl_config(cfg.model.name)
 
     def allowed(self, family: str) -> list[str] | None:
-        """The sub-families training may use (None: all)."""
-        out = self.heldout_subs.get(family)
-        return None if not out else [s for s in self.families[family].subfamilies if s not in out]
+        """The sub-families training and the family's own evaluation set use (None: all)."""
+        chosen, out = self.cfg.subfamilies.get(family), self.heldout_subs.get(family, [])
+        if chosen is None and not out:
+            return None
+        return [s for s in (chosen or self.families[family].subfamilies) if s not in out]
 
     # ---- stages ------------------------------------------------------------------------
     def demos(self) -> Path:
@@ -222,10 +236,22 @@ class Pipeline:
         """Held-out tasks by set: each family on its trained sub-families, each held-out sub-family apart."""
         c, sets = self.cfg, {}
         for name, fam in self.families.items():
-            sets[name] = fam.make_split("heldout", c.eval.tasks, c.difficulty, self.allowed(name))
+            sets[name] = self._heldout(fam, self.allowed(name))
             for sub in self.heldout_subs.get(name, []):
                 sets[f"{name}/{sub} (held-out sub-family)"] = fam.make_split("heldout", c.eval.tasks, c.difficulty, [sub])
         return sets
+
+    def _heldout(self, fam, subs: list[str] | None) -> list:
+        """`eval.tasks` held-out tasks of `fam`; stratified: as even a split over `subs` (or all its
+        sub-families) as the count allows, each sub-family's tasks from the same held-out seeds."""
+        c = self.cfg
+        subs = subs or list(fam.subfamilies)
+        if not c.eval.stratify or len(subs) < 2:
+            return fam.make_split("heldout", c.eval.tasks, c.difficulty, subs or None)
+        per, extra = divmod(c.eval.tasks, len(subs))
+        tasks = [fam.make_split("heldout", per + (i < extra), c.difficulty, [sub]) for i, sub in enumerate(subs)]
+        # interleaved, so a set cut into batches still mixes every kind of task
+        return [t for row in zip(*[ts + [None] * (per + 1 - len(ts)) for ts in tasks]) for t in row if t is not None]
 
     def evaluate(self, stage: str, model: str, humaneval: bool = False) -> dict:
         """The policy at `model` on every set (and HumanEval when asked), cached in eval_<stage>.json."""
