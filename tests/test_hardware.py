@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from longhaul import hardware
-from longhaul.inference import kernels
+from longhaul.ops import kernels
 
 
 @pytest.fixture

@@ -40,8 +40,10 @@ def _imports(mods: dict[str, Path], name: str, top_only: bool) -> set[str]:
         for t in targets:
             while t and t not in mods:
                 t = t.rpartition(".")[0]
-            if t and t != name:
-                found.add(t)
+            while t:  # importing a.b.c runs a/__init__ and a/b/__init__ first
+                if t != name and not name.startswith(t + "."):
+                    found.add(t)
+                t = t.rpartition(".")[0]
     return found
 
 

@@ -36,6 +36,7 @@ from longhaul.envs.mutate import enumerate_mutants
 from longhaul.envs.tools import format_call
 from longhaul.envs.workspace import WorkspaceEnv, failed_output
 from longhaul.errors import LonghaulError
+from longhaul.models.byte_tokenizer import byte_tokenizer
 
 VARIANTS = ("reference", "explore", "repair")
 NOTES = {  # the note before the repairing call, by strategy
@@ -259,7 +260,6 @@ def build_demos(family, n: int, difficulty: int = 1, variants: tuple[str, ...] =
             scripts[key] = got[0]
             eps.append(t)
             meta.append((key, v, got[1], got[2]))
-    from longhaul.models.byte_tokenizer import byte_tokenizer
 
     tok = byte_tokenizer()
     longest = max(len(s) for s in scripts.values())

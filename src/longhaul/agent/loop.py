@@ -27,7 +27,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Protocol
 
-from longhaul.inference import RolloutParams
+from longhaul.inference import LLMEngine, RolloutParams, generate
 from longhaul.types import Score, Trajectory, Turn
 
 
@@ -56,12 +56,10 @@ class ModelPolicy:
 
     @property
     def concurrent(self) -> bool:
-        from longhaul.inference import LLMEngine
 
         return isinstance(self.model, LLMEngine)
 
     def generate(self, prompts, sampling, keys=None):
-        from longhaul.inference import generate
 
         seeds = None
         if keys is not None and self.concurrent:

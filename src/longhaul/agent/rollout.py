@@ -12,6 +12,7 @@ import time
 
 from longhaul.agent.loop import AgentConfig, ModelPolicy, run_episodes
 from longhaul.agent.single_turn import run_groups
+from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.inference import RolloutParams, context_length
 from longhaul.types import Trajectory
 
@@ -52,7 +53,6 @@ def rollout_groups(model, tok, family, tasks, group_size: int, params: RolloutPa
     if family.kind == "answer":
         return run_groups(model, tok, family, tasks, params, group_size, seed=seed, version=version,
                           exec_timeout_s=exec_timeout_s, exec_workers=exec_workers)
-    from longhaul.envs.workspace import WorkspaceEnv
 
     policy = TimedPolicy(ModelPolicy(model, tok, version=version, seed=seed))
     agent = AgentConfig(max_turns=max_turns, max_new_tokens=params.max_new_tokens, temperature=params.temperature,

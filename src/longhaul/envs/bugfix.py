@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from longhaul.envs import patch as patchlib
-from longhaul.envs.mutate import Mutant
+from longhaul.envs.mutate import Mutant, enumerate_mutants
 from longhaul.envs.workspace import Action, WorkspaceTask
 
 FAMILY = "bugfix"
@@ -215,8 +215,6 @@ def _failing_tests(files: dict[str, str], m: Mutant) -> list[str]:
 def build_catalog(workers: int = 2, log=print) -> dict:
     """Run every candidate mutant's project suite; keep those that compile and fail some test."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from longhaul.envs.mutate import enumerate_mutants
 
     kept = []
     for name in projects():

@@ -27,9 +27,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
+from longhaul.agent.loop import AgentConfig, ScriptedPolicy, run_episodes
 from longhaul.envs.registry import Family, families, get_family
+from longhaul.envs.tools import format_call
+from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.errors import LonghaulError
 from longhaul.home import cache_home
+from longhaul.models.byte_tokenizer import byte_tokenizer
 
 MIN_VALID_FRACTION = 0.95  # a family with fewer valid tasks than this is failing as a whole
 EPISODE_LIMIT_S = 120.0  # one oracle or null episode, reset to verify
@@ -87,10 +91,6 @@ def _answer_runs(fam: Family, tasks: list, runs: int, progress) -> tuple[dict, d
 
 
 def _workspace_runs(fam: Family, tasks: list, runs: int, progress, workers: int) -> tuple[dict, dict, dict]:
-    from longhaul.agent.loop import AgentConfig, ScriptedPolicy, run_episodes
-    from longhaul.envs.tools import format_call
-    from longhaul.envs.workspace import WorkspaceEnv
-    from longhaul.models.byte_tokenizer import byte_tokenizer
 
     tok = byte_tokenizer()
     make_env = fam.make_env or (lambda task: WorkspaceEnv())

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from longhaul.eval.svg import bar_chart, line_chart
+from longhaul.runtime.metrics import read_metrics
 
 STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;margin:8px 0}"
          "td,th{border:1px solid #bbb;padding:3px 8px;font-size:13px}pre{white-space:pre-wrap;background:#f6f6f6;padding:6px;"
@@ -57,7 +58,6 @@ def _sets(summary: dict) -> str:
 
 
 def _curves(run_dir: Path) -> str:
-    from longhaul.runtime.metrics import read_metrics
 
     charts = []
     sft = read_metrics(run_dir / "sft")

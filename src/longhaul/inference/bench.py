@@ -29,6 +29,7 @@ import torch
 
 from longhaul.inference.engine import LLMEngine
 from longhaul.inference.sampling import SamplingParams
+from longhaul.models import load_policy
 
 RESULTS = Path("benchmarks/results/engine.json")
 
@@ -73,8 +74,6 @@ def _timed(fn: Callable[[], int], repeats: int, before: Callable[[], None] = lam
 def bench_engine(model: str = "smollm2-135m-instruct", batch_sizes: tuple[int, ...] = (1, 8, 32), max_tokens: int = 128,
                  dtype: str = "bfloat16", repeats: int = 2, log: Callable[[str], None] = lambda s: None) -> dict:
     """Tokens/s of the engine and of HF generate at each batch size; returns the result dict."""
-    from longhaul.models import load_policy
-
     hf, tok = load_policy(model)
     hf.eval()
     prompts = fib_prompts(tok, max(64, max(batch_sizes)))

@@ -41,12 +41,13 @@ from longhaul.inference.block_manager import BlockManager
 from longhaul.inference.config import EngineConfig
 from longhaul.inference.engine_loop import EngineLoop
 from longhaul.inference.kv_cache import KVCache
+from longhaul.inference.kv_quant import make_kv_cache
 from longhaul.inference.model_runner import BatchItem, ModelRunner
 from longhaul.inference.outputs import RequestOutput, output_of
 from longhaul.inference.sampling import SamplingParams, sample
 from longhaul.inference.scheduler import Scheduler
-from longhaul.inference.threads import ThreadGovernor
 from longhaul.inference.sequence import Sequence
+from longhaul.inference.threads import ThreadGovernor
 
 
 class LLMEngine:
@@ -312,7 +313,6 @@ def _make_kv_cache(cfg: EngineConfig, mcfg, max_model_len: int) -> KVCache:
                                           -(-cfg.max_num_seqs * max_model_len // cfg.block_size))
     if cfg.kv_cache_dtype == "auto":
         return KVCache(mcfg.num_hidden_layers, num_blocks, cfg.block_size, mcfg.num_key_value_heads, head_dim, cfg.torch_dtype, cfg.device)
-    from longhaul.inference.kv_quant import make_kv_cache
 
     return make_kv_cache(cfg.kv_cache_dtype, mcfg.num_hidden_layers, num_blocks, cfg.block_size, mcfg.num_key_value_heads,
                          head_dim, cfg.torch_dtype, cfg.device)

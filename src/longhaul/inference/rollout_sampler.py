@@ -24,6 +24,7 @@ from longhaul.inference.engine_loop import ThreadStream
 from longhaul.inference.hf_sampler import Completion, RolloutParams
 from longhaul.inference.hf_sampler import generate as hf_generate
 from longhaul.inference.sampling import SamplingParams
+from longhaul.models.lora import is_lora, unwrap
 
 
 def generate(sampler, tok, prompts: list[list[int]], params: RolloutParams, seed: int = 0,
@@ -65,8 +66,6 @@ def context_length(sampler) -> int:
 
 def merged_state_dict(policy) -> dict[str, torch.Tensor]:
     """HF-named weights of a policy; LoRA adapters are folded into their base weights."""
-    from longhaul.models.lora import is_lora, unwrap
-
     if not is_lora(policy):
         return policy.state_dict()
     model = unwrap(policy)
@@ -89,8 +88,6 @@ def merged_state_dict(policy) -> dict[str, torch.Tensor]:
 
 def make_engine(model, tok, dtype: str = "bfloat16", **engine_kwargs) -> LLMEngine:
     """A rollout engine holding `model`'s current weights (LoRA merged), in `dtype`."""
-    from longhaul.models.lora import is_lora
-
     if is_lora(model):
         from longhaul.models.lora import unwrap
 

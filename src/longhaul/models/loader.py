@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedModel,
+    Qwen2Config,
+)
 
 from longhaul.errors import LonghaulError
 from longhaul.home import cache_home
@@ -180,8 +186,6 @@ def prepare_builtin(name: str, log: Callable[[str], None] = print) -> Path:
 
 def load_frozen(name: str, tok, role: str = "teacher"):
     """A frozen model in eval mode that must share `tok`'s vocabulary (a distillation teacher)."""
-    from longhaul.errors import LonghaulError
-
     if not name:
         raise LonghaulError(f"no {role} model given; set algo.teacher to a model name, HF directory or .gguf")
     model, other = load_policy(name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from longhaul.errors import LonghaulError
+from longhaul.models.loader import load_policy
 
 
 def _peft():
@@ -49,8 +50,6 @@ def load_adapter(model, path: Path) -> None:
 def merged_from_checkpoint(path: Path):
     """(merged plain HF model, tokenizer) from a LoRA checkpoint directory."""
     import json
-
-    from longhaul.models.loader import load_policy
 
     base_name = json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
     base, tok = load_policy(base_name)

@@ -14,6 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from longhaul.errors import LonghaulError
+from longhaul.models.lora import is_lora, load_adapter
+
 _STEP = re.compile(r"^step_(\d+)$")
 
 
@@ -62,8 +65,6 @@ def load_trainer_state(path: Path) -> dict:
 def load_weights(model, path: Path) -> None:
     from safetensors.torch import load_file
 
-    from longhaul.models.lora import is_lora, load_adapter
-
     if is_lora(model):
         return load_adapter(model, path)
 
@@ -80,8 +81,6 @@ def load_weights(model, path: Path) -> None:
 
 def export_checkpoint(run_dir: Path, step: int | None, out: Path) -> Path:
     """Copy a checkpoint's HF files (weights, config, tokenizer; not the trainer state) to `out`, atomically."""
-    from longhaul.errors import LonghaulError
-
     ckpts = list_checkpoints(Path(run_dir) / "checkpoints")
     if not ckpts:
         raise LonghaulError(f"no checkpoints under {str(run_dir)!r}/checkpoints; pass a run directory that has trained")

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from longhaul.ops.kernels import native
+
 CHUNK = 256  # rows a chunk: a (256, 49152) fp32 block is 48 MB, the size of a large L3
 
 
@@ -64,7 +66,6 @@ def _chunk_stats(z: torch.Tensor, targets: torch.Tensor, with_entropy: bool, kee
 
 
 def _native():
-    from longhaul.ops.kernels import native
 
     return native()
 

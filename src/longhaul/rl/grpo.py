@@ -18,10 +18,23 @@ import time
 import torch
 
 from longhaul.config import AlgoConfig, TrainConfig
+from longhaul.rl import packed_forward
 from longhaul.rl.advantages import ADVANTAGES
-from longhaul.rl.logprobs import completion_logprobs, packed_logprobs, shared_prompt_logprobs
+from longhaul.rl.logprobs import (
+    completion_logprobs,
+    packed_logprobs,
+    shared_prompt_logprobs,
+)
+from longhaul.rl.losses import (
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    aggregate,
+    entropy_bonus,
+    off_policy_weight,
+    overlong_penalty,
+)
 from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
-from longhaul.rl.losses import KL_ESTIMATORS, POLICY_LOSSES, aggregate, entropy_bonus, overlong_penalty, off_policy_weight
+from longhaul.rl.rollout_activations import RolloutActivations
 from longhaul.types import Trajectory
 
 
@@ -160,9 +173,6 @@ class GRPOTrainer(OptimizerState):
         """Record `engine`'s forwards and, in steps on its rollouts while it holds exactly the
         policy's weights, use them as the policy's training forward (`rl.rollout_activations`:
         same maths, the forward's matmuls skipped). True if the engine qualifies (fp32, plain)."""
-        from longhaul.rl import packed_forward
-        from longhaul.rl.rollout_activations import RolloutActivations
-
         ok = self.train_cfg.autocast == "none" and packed_forward.supports(self.policy) and not self.algo.entropy_coef
         self.rollout = RolloutActivations.attach(engine) if ok else None
         self._rollout_ok = (-1, False)

@@ -38,9 +38,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from longhaul.models.lora import unwrap
+from longhaul.ops.kernels import native
 from longhaul.ops.linear import pack
 from longhaul.ops.rope import rotate_half
-from longhaul.models.lora import unwrap
 
 SUPPORTED = ("llama", "qwen2")
 
@@ -355,8 +356,6 @@ class _NativeRMSNorm(torch.autograd.Function):
 
 def _kernels(x: torch.Tensor):
     """The native kernels when they can run on x (fp32 on CPU, no autocast), else None."""
-    from longhaul.ops.kernels import native
-
     return native() if x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu") else None
 
 

@@ -10,14 +10,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from longhaul.errors import LonghaulError
+from longhaul.models import load_policy
+from longhaul.models.lora import unwrap
+from longhaul.rl.data import encode_prompt_completion
 from longhaul.rl.logprobs import autocast_ctx, right_pad
 from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
+from longhaul.types import Score
 
 
 class RewardModel(nn.Module):
     def __init__(self, lm, pad_id: int):
         super().__init__()
-        from longhaul.models.lora import unwrap
 
         self.backbone = unwrap(lm).base_model  # with LoRA, the backbone's layers carry the adapters
         self.head = nn.Linear(lm.config.hidden_size, 1)
@@ -93,9 +97,6 @@ def load_head(rm: RewardModel, path: Path) -> None:
 
 def load_reward_model(path: str | Path) -> tuple[RewardModel, object]:
     """(reward model, tokenizer) from a checkpoint or export directory of an `algo.name: rm` run."""
-    from longhaul.errors import LonghaulError
-    from longhaul.models import load_policy
-
     path = Path(path)
     if not (path / HEAD_FILE).is_file():
         raise LonghaulError(f"{str(path)!r} has no {HEAD_FILE}; pass a checkpoint or export of an `algo.name: rm` run")
@@ -126,10 +127,6 @@ def reward_model_family(base, path: str | Path):
     is the model's score of (the task's chat prompt, the reply); pass/fail and the status still
     come from the family's own verifier, so pass rates stay comparable. The RLHF path."""
     from dataclasses import replace
-
-    from longhaul.errors import LonghaulError
-    from longhaul.rl.data import encode_prompt_completion
-    from longhaul.types import Score
 
     if base.kind != "answer":
         raise LonghaulError(f"a reward model scores single-turn replies; family {base.name!r} is multi-turn (its env verifies)")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from longhaul.models.lora import is_lora
+from longhaul.rl.packed_forward import pack_pairs, pack_shared
 
 
 class RolloutActivations:
@@ -156,8 +157,6 @@ class RolloutActivations:
     def batch(self, prompts: list[list[int]], completions: list[list[int]], pad_id: int, shared: bool):
         """(PackedBatch, (activations per layer, logits)) for these sequences in `packed_forward`'s
         layout (`pack_shared` when `shared`: one prompt for all), or None if any is not recorded."""
-        from longhaul.rl.packed_forward import pack_pairs, pack_shared
-
         found = [self.lookup(p, c) for p, c in zip(prompts, completions)]
         if any(f is None for f in found):
             return None

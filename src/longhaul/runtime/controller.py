@@ -27,6 +27,7 @@ import time
 from collections import Counter
 
 from longhaul.runtime.buffer import Entry, ReplayBuffer, reward_spread
+from longhaul.runtime.local import ProcessRollouts, ThreadRollouts
 from longhaul.runtime.rollout import RolloutRequest, RolloutResult
 
 
@@ -45,7 +46,6 @@ def make_rollouts(cfg, family, tok, policy, run_dir):
         from longhaul.runtime.ray_backend import RayRollouts
 
         return RayRollouts(cfg, family, tok, policy, run_dir)
-    from longhaul.runtime.local import ProcessRollouts, ThreadRollouts
 
     if cfg.runtime.worker_kind == "thread":
         return ThreadRollouts(cfg, family, tok, policy)

@@ -22,10 +22,26 @@ import queue
 import threading
 import traceback
 
+from longhaul.config import RunConfig
 from longhaul.cpus import available_cpus
+from longhaul.malloc import keep_freed_memory
+from longhaul.rl.grpo import frozen_copy
+from longhaul.runtime.notice import leave_to_the_parent
 from longhaul.runtime.pool import WorkerPool, policy_tensors
-from longhaul.runtime.rollout import RolloutRequest, RolloutResult, RolloutWorker, WeightWatcher, make_sampler, worker_from_config
-from longhaul.runtime.weights import FileWeights, InProcessWeights, SharedMemoryWeights, SyncStats
+from longhaul.runtime.rollout import (
+    RolloutRequest,
+    RolloutResult,
+    RolloutWorker,
+    WeightWatcher,
+    make_sampler,
+    worker_from_config,
+)
+from longhaul.runtime.weights import (
+    FileWeights,
+    InProcessWeights,
+    SharedMemoryWeights,
+    SyncStats,
+)
 
 
 def worker_threads(cfg) -> int:
@@ -156,7 +172,6 @@ class ThreadRollouts(_TransportPool):
         self._stop: dict[int, threading.Event] = {}
 
     def _make_worker(self, wid: int) -> RolloutWorker:
-        from longhaul.rl.grpo import frozen_copy
 
         own = self.policy if self.cfg.rollout.sampler == "engine" else frozen_copy(self.policy)  # the engine copies weights itself
         return RolloutWorker(self.cfg, self.family, self.tok, make_sampler(self.cfg, own, self.tok), f"thread-{wid}", version=-1)
@@ -182,10 +197,6 @@ def _child_main(cfg_json: str, wid: int, transport, conn, box, threads: int, cap
     import os
 
     import torch
-
-    from longhaul.config import RunConfig
-    from longhaul.malloc import keep_freed_memory
-    from longhaul.runtime.notice import leave_to_the_parent
 
     keep_freed_memory()
     leave_to_the_parent()

@@ -23,13 +23,23 @@ from longhaul.errors import LonghaulError
 from longhaul.eval.report import write_report
 from longhaul.models import load_frozen, load_policy
 from longhaul.models.lora import apply_lora
-from longhaul.runtime.algorithms import ALGORITHMS
-from longhaul.rl.checkpoint import load_trainer_state, load_weights, save_checkpoint, set_rng_state
+from longhaul.rl.checkpoint import (
+    load_trainer_state,
+    load_weights,
+    save_checkpoint,
+    set_rng_state,
+)
 from longhaul.rl.data import encode_pair_row, encode_sft_row, load_rows, truncate
+from longhaul.rl.distill import DistillTrainer
+from longhaul.rl.dpo import DPOTrainer
+from longhaul.rl.reward_model import RewardModel, RewardTrainer, load_head, save_head
+from longhaul.rl.sft import SFTTrainer
+from longhaul.runtime.algorithms import ALGORITHMS
 from longhaul.runtime.memory import measure
 from longhaul.runtime.metrics import MetricsLog, read_metrics
 from longhaul.runtime.notice import StopNotice
 from longhaul.runtime.progress import console, progress_bar
+from longhaul.runtime.setup import open_run_dir
 
 
 @dataclass
@@ -67,27 +77,23 @@ def _encode_pair(tok, row, cfg):
 
 
 def _build_sft(cfg, policy, tok, items):
-    from longhaul.rl.sft import SFTTrainer
 
     return Built(SFTTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.data.packing,
                              cfg.data.pack_length or cfg.data.max_length), policy)
 
 
 def _build_rm(cfg, policy, tok, items):
-    from longhaul.rl.reward_model import RewardModel, RewardTrainer, load_head, save_head
 
     rm = RewardModel(policy, tok.pad_token_id)
     return Built(RewardTrainer(rm, cfg.algo, cfg.train), policy, lambda path: save_head(rm, path), lambda path: load_head(rm, path))
 
 
 def _build_dpo(cfg, policy, tok, items):
-    from longhaul.rl.dpo import DPOTrainer
 
     return Built(DPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, items), policy)
 
 
 def _build_distill(cfg, policy, tok, items):
-    from longhaul.rl.distill import DistillTrainer
 
     teacher = load_frozen(cfg.algo.teacher, tok)
     return Built(DistillTrainer(policy, teacher, tok.pad_token_id, cfg.algo, cfg.train, vocab_size=len(tok)), policy)
@@ -155,7 +161,6 @@ def batch_indices(step: int, batch: int, n: int, seed: int, shuffle: bool) -> li
 
 
 def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
-    from longhaul.runtime.setup import open_run_dir
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

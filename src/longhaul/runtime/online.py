@@ -22,12 +22,19 @@ from longhaul.eval.passrate import compare
 from longhaul.eval.report import write_report
 from longhaul.models import load_frozen, load_policy
 from longhaul.models.lora import apply_lora
-from longhaul.rl.checkpoint import load_trainer_state, load_weights, save_checkpoint, set_rng_state
+from longhaul.rl.checkpoint import (
+    load_trainer_state,
+    load_weights,
+    save_checkpoint,
+    set_rng_state,
+)
+from longhaul.rl.distill import OnPolicyDistillTrainer
 from longhaul.rl.grpo import GRPOTrainer
+from longhaul.rl.ppo import PPOTrainer
 from longhaul.runtime.algorithms import ALGORITHMS
 from longhaul.runtime.buffer import ReplayBuffer
-from longhaul.runtime.memory import measure
 from longhaul.runtime.controller import Controller, buffer_capacity, make_rollouts
+from longhaul.runtime.memory import measure
 from longhaul.runtime.metrics import MetricsLog, read_metrics
 from longhaul.runtime.notice import StopNotice
 from longhaul.runtime.progress import console, progress_bar
@@ -41,13 +48,11 @@ def grpo_trainer(cfg: RunConfig, policy, tok):
 
 
 def ppo_trainer(cfg: RunConfig, policy, tok):
-    from longhaul.rl.ppo import PPOTrainer
 
     return PPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
 
 
 def onpolicy_distill_trainer(cfg: RunConfig, policy, tok):
-    from longhaul.rl.distill import OnPolicyDistillTrainer
 
     teacher = load_frozen(cfg.algo.teacher, tok)
     return OnPolicyDistillTrainer(policy, teacher, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature,

@@ -29,14 +29,23 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from longhaul.agent.demos import build_demos
 from longhaul.config import PipelineConfig, RunConfig, _explain
+from longhaul.envinfo import collect
 from longhaul.envs import get_family
+from longhaul.envs.datasets import write_jsonl
 from longhaul.errors import LonghaulError
-from longhaul.hardware import native_bf16
-from longhaul.malloc import keep_freed_memory
 from longhaul.eval.passrate import EvalResult, evaluate
+from longhaul.eval.pipeline_report import write_pipeline_report
 from longhaul.eval.stats import mcnemar_exact, wilson
+from longhaul.hardware import native_bf16
+from longhaul.inference import LLMEngine
+from longhaul.malloc import keep_freed_memory
+from longhaul.models import load_policy
+from longhaul.rl.checkpoint import export_checkpoint
+from longhaul.runtime import train
 from longhaul.runtime.progress import console, progress_bar
+from longhaul.runtime.rollout import make_sampler
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -98,8 +107,6 @@ def _stage_child(parent: int) -> None:
 
 
 def _train_stage(run_cfg: RunConfig, out: Path) -> None:
-    from longhaul.rl.checkpoint import export_checkpoint
-    from longhaul.runtime import train
 
     train(run_cfg)
     export_checkpoint(run_cfg.run_dir, None, out)
@@ -152,8 +159,6 @@ class Pipeline:
 
     # ---- stages ------------------------------------------------------------------------
     def demos(self) -> Path:
-        from longhaul.agent.demos import build_demos
-        from longhaul.envs.datasets import write_jsonl
 
         path = self.dir / "demos.jsonl"
         if path.exists():
@@ -265,10 +270,6 @@ class Pipeline:
     def _evaluate_here(self, stage: str, model: str, humaneval: bool, only_humaneval: bool = False) -> None:
         """`evaluate`'s work, in this process: writes eval_<stage>.json and the transcripts.
         `only_humaneval` runs HumanEval alone and adds it to the stage's existing eval_<stage>.json."""
-        from longhaul.inference import LLMEngine
-        from longhaul.models import load_policy
-        from longhaul.runtime.rollout import make_sampler
-
         c = self.cfg
         policy, tok = load_policy(model)
         run_cfg = _run_config(_merge(self._base_tree("eval"), {"model": {"name": model}}), "eval")
@@ -335,7 +336,6 @@ class Pipeline:
         self.timing["total"] = sum(v for k, v in self.timing.items() if not k.startswith("humaneval_"))
         summary = summarize(evals, self.timing, c)
         _write_json(self.dir / "pipeline.json", summary)
-        from longhaul.eval.pipeline_report import write_pipeline_report
 
         report = write_pipeline_report(self.dir, summary)
         print_summary(summary)
@@ -375,7 +375,6 @@ def summarize(evals: dict[str, dict[str, EvalResult]], timing: dict, cfg: Pipeli
             out[f"{b}_vs_{a}_transfer"] = _paired(evals[a], evals[b], transfer_sets)
     if transfer_sets and len(stages) > 1:
         out[f"{stages[-1]}_vs_base_transfer"] = _paired(evals["base"], evals[stages[-1]], transfer_sets)
-    from longhaul.envinfo import collect
 
     out["host"] = collect().get("cpu")
     return out

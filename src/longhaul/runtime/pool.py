@@ -17,19 +17,18 @@ on `self.inbox`. The pool's public face is what the controller calls: `submit`, 
 from __future__ import annotations
 
 import heapq
-from abc import ABC, abstractmethod
 import queue
 import threading
 import time
+from abc import ABC, abstractmethod
 
 from longhaul.errors import LonghaulError
+from longhaul.inference.rollout_sampler import merged_state_dict
 from longhaul.runtime.rollout import RolloutRequest, RolloutResult, infra_failure
 
 
 def policy_tensors(policy) -> dict:
     """The policy's HF-named weights (LoRA merged), each storage once (tied embeddings share one)."""
-    from longhaul.inference.rollout_sampler import merged_state_dict
-
     out, seen = {}, set()
     for name, t in merged_state_dict(policy).items():
         if t.data_ptr() in seen:

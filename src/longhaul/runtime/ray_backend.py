@@ -28,11 +28,17 @@ import os
 import threading
 import time
 
+from longhaul.config import RunConfig
 from longhaul.cpus import match_priority, own_priority
 from longhaul.errors import LonghaulError
+from longhaul.malloc import keep_freed_memory
+from longhaul.runtime import train
 from longhaul.runtime.notice import StopNotice, StopRequested
 from longhaul.runtime.pool import WorkerPool, policy_tensors
-from longhaul.runtime.weights import SyncStats, nbytes
+from longhaul.runtime.progress import console
+from longhaul.runtime.rollout import worker_from_config
+from longhaul.runtime.sandbox_pool import start_pools
+from longhaul.runtime.weights import SyncStats, _cast, nbytes
 
 
 def _ray():
@@ -62,8 +68,6 @@ class _TrainerActor:
         match_priority(nice)
         import torch
 
-        from longhaul.malloc import keep_freed_memory
-
         keep_freed_memory()
         torch.set_num_threads(threads)
 
@@ -71,8 +75,6 @@ class _TrainerActor:
         return os.getpid()
 
     def run(self, cfg_json: str, resume: bool) -> dict:
-        from longhaul.config import RunConfig
-        from longhaul.runtime import train
 
         return train(RunConfig.model_validate_json(cfg_json), resume)
 
@@ -97,7 +99,6 @@ def train_in_actor(cfg, resume: bool = False, on_start=None) -> dict:
 
 
 def _attempts(ray, cls, threads: int, inner: str, resume: bool, notice, rt, on_start) -> dict:
-    from longhaul.runtime.progress import console
 
     attempt = 0
     while True:
@@ -155,11 +156,7 @@ class _RolloutActor:
         match_priority(nice)
         import torch
 
-        from longhaul.malloc import keep_freed_memory
-
         keep_freed_memory()
-        from longhaul.config import RunConfig
-        from longhaul.runtime.rollout import worker_from_config
 
         if threads:
             torch.set_num_threads(threads)
@@ -204,12 +201,10 @@ class RayRollouts(WorkerPool):
         self.sync = SyncStats()
         self._weights = None  # (object ref, version) of the newest publish
         self._publish(policy, 0)
-        from longhaul.runtime.sandbox_pool import start_pools
 
         self.sandbox_pools = start_pools(ray, cfg)  # [] unless runtime.sandbox_pools: scoring stays in the rollout actors
 
     def _publish(self, policy, version: int) -> None:
-        from longhaul.runtime.weights import _cast
 
         t0 = time.perf_counter()
         tensors = _cast(policy_tensors(policy), self._dtype)

@@ -22,8 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from longhaul.agent.rollout import rollout_groups
+from longhaul.envs import get_family
+from longhaul.envs.registry import reward_family
 from longhaul.errors import LonghaulError
-from longhaul.inference import LLMEngine, RolloutParams
+from longhaul.inference import LLMEngine, RolloutParams, make_engine
+from longhaul.models import load_policy
+from longhaul.rl.grpo import frozen_copy
+from longhaul.runtime.sandbox_pool import remote_family
 from longhaul.types import Trajectory
 
 
@@ -60,9 +65,6 @@ class RolloutResult:
 
 def build_family(cfg):
     """The task family a run trains on, with its reward replaced where the config says so."""
-    from longhaul.envs import get_family
-    from longhaul.envs.registry import reward_family
-
     family = get_family(cfg.task.family)
     if cfg.task.reward:
         family = reward_family(family, cfg.task.reward)
@@ -78,9 +80,6 @@ def make_sampler(cfg, policy, tok):
     rollout.dtype (the default), or for rollout.sampler=hf the HF model (a bf16 copy, or the
     policy itself in fp32)."""
     import torch
-
-    from longhaul.inference import make_engine
-    from longhaul.rl.grpo import frozen_copy
 
     if cfg.rollout.sampler == "engine":
         return make_engine(policy, tok, cfg.rollout.dtype, max_model_len=cfg.model.context_length)
@@ -102,9 +101,6 @@ class DomainRun:
 def domain_runs(cfg) -> dict[str, DomainRun]:
     """Each domain's family (its reward replaced where configured), limits and shaping; the task
     pools stay with the scheduler."""
-    from longhaul.envs import get_family
-    from longhaul.envs.registry import reward_family
-
     out = {}
     for d in cfg.domains:
         fam = get_family(d.family)
@@ -139,8 +135,6 @@ class RolloutWorker:
 
     def use_sandbox_pool(self, link) -> None:
         """Score and run environments in the sandbox pool behind `link` (a `sandbox_pool.PoolLink`)."""
-        from longhaul.runtime.sandbox_pool import remote_family
-
         self._link, self.family = link, remote_family(self.family, link)
 
     def load_weights(self, tensors: dict, version: int) -> None:
@@ -225,8 +219,6 @@ class RolloutWorker:
 def worker_from_config(cfg, name: str) -> RolloutWorker:
     """A worker built from the config alone (in a child process or an actor): the model, its
     family and its sampler, at version -1 until the first weights arrive."""
-    from longhaul.models import load_policy
-
     policy, tok = load_policy(cfg.model.name)
     return RolloutWorker(cfg, build_family(cfg), tok, make_sampler(cfg, policy, tok), name, version=-1)
 

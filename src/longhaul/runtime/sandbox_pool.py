@@ -26,7 +26,9 @@ import threading
 import time
 from dataclasses import replace
 
+from longhaul.config import RunConfig
 from longhaul.cpus import match_priority, own_priority
+from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.errors import LonghaulError
 
 
@@ -35,7 +37,6 @@ class SandboxPool:
 
     def __init__(self, cfg_json: str, nice: int):
         match_priority(nice)  # first: the imports below run at it too, and its sandboxes' commands inherit it
-        from longhaul.config import RunConfig
         from longhaul.runtime.rollout import build_family, domain_runs
 
         cfg = RunConfig.model_validate_json(cfg_json)
@@ -68,8 +69,6 @@ class SandboxPool:
 
     def open(self, domain: str | None, task) -> int:
         """A new environment for `task` (the family's, or the domain's sandbox override); returns its id."""
-        from longhaul.envs.workspace import WorkspaceEnv
-
         family, make_env = self._family(domain)
         env = (make_env or family.make_env or (lambda t: WorkspaceEnv()))(task)
         with self._lock:

@@ -13,6 +13,7 @@ Not owned here: what a domain is, how shares and curricula work (`runtime.domain
 from __future__ import annotations
 
 from longhaul.errors import LonghaulError
+from longhaul.runtime.domains import Outcome
 
 
 class TaskStream:
@@ -55,7 +56,6 @@ class ScheduledTasks:
         return [(d.domain, d.task) for d in self.scheduler.next_tasks(n)]
 
     def record(self, groups: list) -> None:
-        from longhaul.runtime.domains import Outcome
 
         outcomes = []
         for group in groups:

@@ -23,7 +23,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from longhaul.config import RunConfig
 from longhaul.errors import LonghaulError
+from longhaul.malloc import keep_freed_memory
+from longhaul.models import load_policy
+from longhaul.models.lora import apply_lora
+from longhaul.rl.checkpoint import load_trainer_state, load_weights
+from longhaul.rl.distributed import DATA_PARALLEL, shard
+from longhaul.rl.grpo import GRPOTrainer
+from longhaul.runtime.notice import leave_to_the_parent
 
 
 def _backend() -> str:
@@ -35,10 +43,6 @@ def _init(rank: int, world: int, init: str) -> None:
 
 
 def _build(cfg, dp, ckpt: str | None):
-    from longhaul.models import load_policy
-    from longhaul.models.lora import apply_lora
-    from longhaul.rl.checkpoint import load_trainer_state, load_weights
-    from longhaul.rl.grpo import GRPOTrainer
 
     policy, tok = load_policy(cfg.model.name)
     t = cfg.train
@@ -55,15 +59,11 @@ STATE = "state_dict"  # rank 0's request that every rank take part in `state_dic
 
 
 def _strategy(cfg):
-    from longhaul.rl.distributed import DATA_PARALLEL
 
     return DATA_PARALLEL.get_fn(cfg.runtime.data_parallel)()
 
 
 def _follower(cfg_json: str, rank: int, world: int, init: str, ckpt: str | None, threads: int | None) -> None:
-    from longhaul.config import RunConfig
-    from longhaul.malloc import keep_freed_memory
-    from longhaul.runtime.notice import leave_to_the_parent
 
     keep_freed_memory()
     leave_to_the_parent()
@@ -93,8 +93,6 @@ class ShardedTrainer:
     def __init__(self, cfg, policy, tok, ckpt: Path | None = None):
         import torch.multiprocessing as mp
 
-        from longhaul.rl.grpo import GRPOTrainer
-
         self.world = cfg.runtime.trainers
         self._dir = tempfile.mkdtemp(prefix="longhaul-dp-")
         init = f"file://{os.path.join(self._dir, 'rendezvous')}"
@@ -117,7 +115,6 @@ class ShardedTrainer:
         return box[0]
 
     def step(self, groups: list) -> dict:
-        from longhaul.rl.distributed import shard
 
         return self.inner.step(self._scatter(shard(groups, self.world)))
 

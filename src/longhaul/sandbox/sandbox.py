@@ -32,6 +32,7 @@ from longhaul.sandbox import leftovers, procs
 from longhaul.sandbox.audit import AuditLog
 from longhaul.sandbox.cgroup import CGroup
 from longhaul.sandbox.runner import Launch, rlimit_preexec, run
+from longhaul.sandbox.session import Session
 from longhaul.sandbox.spec import ExecResult, SandboxSpec
 from longhaul.sandbox.uids import UidClaim
 
@@ -283,7 +284,6 @@ class Sandbox:
 
     # ---- sessions and lifetime ------------------------------------------------------
     def open_session(self):
-        from longhaul.sandbox.session import Session
 
         s = Session(self)
         self._sessions.append(s)

@@ -23,10 +23,17 @@ import threading
 import time
 from pathlib import Path
 
+from longhaul.inference.engine_loop import ThreadStream
+from longhaul.inference.sampling import SamplingParams
+from longhaul.models.loader import cache_home
 from longhaul.serve.admission import Admission
 from longhaul.serve.auth import load_keys
 from longhaul.serve.config import ServeConfig
+from longhaul.serve.jobs.runner import JobRunner
+from longhaul.serve.jobs.store import SqliteJobStore
+from longhaul.serve.logs import RequestIdMiddleware, configure_logging
 from longhaul.serve.metrics import CONTENT_TYPE, Metrics
+from longhaul.serve.openai_api.logprobs import TokenTexts
 from longhaul.serve.openai_api.protocol import APIError
 from longhaul.serve.ratelimit import RateLimiter
 
@@ -46,11 +53,9 @@ def open_job_store(config: ServeConfig):
         from longhaul.errors import LonghaulError
 
         raise LonghaulError(f"--queue must be sqlite or redis://host:port/db, got {config.queue!r}")
-    from longhaul.serve.jobs.store import SqliteJobStore
 
     if config.jobs_db:
         return SqliteJobStore(config.jobs_db)
-    from longhaul.models.loader import cache_home
 
     return SqliteJobStore(cache_home() / "serve" / "jobs.sqlite")
 
@@ -75,8 +80,6 @@ class ServerState:
     def load(self) -> None:
         """Build the engine and start its loop (blocking: minutes for a big model). With
         `engine_process` the engine is built in its own process and `self.engine` is its view."""
-        from longhaul.serve.openai_api.logprobs import TokenTexts
-
         c = self.config
         if c.engine_process:
             from longhaul.serve.engine_process import EngineProcess
@@ -85,8 +88,8 @@ class ServerState:
             self.loop.start()
             self.engine, tok = self.loop.engine, self.loop.tokenizer
         else:
-            from longhaul.serve.engine_core import build_engine
             from longhaul.inference.engine_loop import EngineLoop
+            from longhaul.serve.engine_core import build_engine
 
             self.engine, tok = build_engine(c)
             self.loop = EngineLoop(self.engine, observer=self._observe)
@@ -95,10 +98,6 @@ class ServerState:
 
     def start(self) -> None:
         """Load (if needed), warm up, become ready, start job workers."""
-        from longhaul.inference.sampling import SamplingParams
-        from longhaul.inference.engine_loop import ThreadStream
-        from longhaul.serve.jobs.runner import JobRunner
-
         try:
             if self.engine is None:
                 self.load()
@@ -185,7 +184,6 @@ def create_app(config: ServeConfig, state: ServerState | None = None):
     from fastapi.responses import JSONResponse, Response
 
     from longhaul.serve.jobs.routes import router as jobs_router
-    from longhaul.serve.logs import RequestIdMiddleware
     from longhaul.serve.openai_api.routes import router as openai_router
 
     state = state or ServerState(config)
@@ -231,8 +229,6 @@ def create_app(config: ServeConfig, state: ServerState | None = None):
 def serve(config: ServeConfig) -> None:
     """Load the model (errors are one line before anything listens), then serve until Ctrl-C."""
     import uvicorn
-
-    from longhaul.serve.logs import configure_logging
 
     state = ServerState(config)  # bad keys files and queue URLs fail here, before anything is configured
     configure_logging(config.log_level)

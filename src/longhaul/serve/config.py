@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from longhaul.inference.spec_worker import SpeculativeConfig
+
 
 class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
@@ -52,6 +54,5 @@ class ServeConfig(BaseModel):
     def _check_speculative(cls, v: dict | None) -> dict | None:
         if v is None:
             return v
-        from longhaul.inference.spec_worker import SpeculativeConfig
 
         return SpeculativeConfig(**v).model_dump()  # a bad field fails here, before any model loads

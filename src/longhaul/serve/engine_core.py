@@ -38,7 +38,10 @@ import traceback
 from collections import deque
 from dataclasses import astuple
 
+from longhaul.hardware import resolve_dtype
+from longhaul.inference import LLMEngine
 from longhaul.inference.sequence import Status
+from longhaul.serve.weights import load_model
 
 CALLS = frozenset({"pause", "resume", "update_weights", "flush_prefix_cache"})  # engine methods the server may call
 
@@ -46,10 +49,6 @@ CALLS = frozenset({"pause", "resume", "update_weights", "flush_prefix_cache"})  
 def build_engine(config):
     """(LLMEngine, tokenizer) for a ServeConfig: weights through `weights.load_model`."""
     import torch
-
-    from longhaul.hardware import resolve_dtype
-    from longhaul.inference import LLMEngine
-    from longhaul.serve.weights import load_model
 
     c = config
     if c.torch_threads:

@@ -24,8 +24,9 @@ import time
 from typing import Callable
 
 from longhaul.errors import LonghaulError
-from longhaul.inference.outputs import RequestMetrics, RequestOutput
 from longhaul.inference.engine_loop import deliver
+from longhaul.inference.outputs import RequestMetrics, RequestOutput
+from longhaul.serve import engine_core
 
 log = logging.getLogger("longhaul.serve")
 
@@ -240,8 +241,6 @@ class EngineProcess:
     def _run(self) -> None:
         """Spawn the engine, then dispatch its messages until it exits. The process is spawned
         from this thread because its parent-death signal follows the spawning thread."""
-        from longhaul.serve import engine_core
-
         ctx = multiprocessing.get_context("spawn")
         cmd_r, cmd_w = ctx.Pipe(duplex=False)
         out_r, out_w = ctx.Pipe(duplex=False)

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from longhaul.errors import LonghaulError
+from longhaul.models.loader import BUILTINS, cache_home, load_policy
 
 MANIFEST = "manifest.json"
 FORMAT = "longhaul-weights/1"
@@ -83,7 +84,6 @@ def verify(directory: Path) -> None:
 
 
 def _cache_root() -> Path:
-    from longhaul.models.loader import cache_home
 
     return cache_home() / "weights"
 
@@ -178,8 +178,6 @@ class MappedModel:
 
 def load_model(source: str):
     """(model for LLMEngine, tokenizer) of a built-in name, a .gguf, a directory or a URL."""
-    from longhaul.models.loader import BUILTINS, load_policy
-
     if source in BUILTINS or source.endswith(".gguf"):
         return load_policy(source)
     d = fetch(source)

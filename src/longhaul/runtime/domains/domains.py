@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from longhaul.config import DomainConfig, SchedulingConfig  # noqa: F401 (the config models live with the others; re-exported)
+from longhaul.envs import get_family
+from longhaul.envs.registry import reward_family
 from longhaul.errors import LonghaulError
+from longhaul.eval.envcheck import require_checked
+from longhaul.sandbox.spec import SandboxSpec
 
 
 @dataclass(frozen=True)
@@ -33,8 +37,6 @@ class RolloutLimits:
 
     def sandbox_spec(self, base=None):
         """`base` (a SandboxSpec, default the library default) with this domain's overrides."""
-        from longhaul.sandbox.spec import SandboxSpec
-
         return dataclasses.replace(base or SandboxSpec(), **self.sandbox)
 
 
@@ -73,7 +75,6 @@ class Domain:
 
 
 def _check_sandbox(key: str, overrides: dict) -> None:
-    from longhaul.sandbox.spec import SandboxSpec
 
     valid = {f.name for f in dataclasses.fields(SandboxSpec)} - {"python", "env", "env_allow", "ro_binds"}
     bad = sorted(set(overrides) - valid)
@@ -87,10 +88,6 @@ def _check_sandbox(key: str, overrides: dict) -> None:
 
 def build_domain(cfg: DomainConfig, manifest: Path | None = None) -> Domain:
     """Resolve one domain: family, version pin, envcheck gate, reward, training pool."""
-    from longhaul.envs import get_family
-    from longhaul.envs.registry import reward_family
-    from longhaul.eval.envcheck import require_checked
-
     key = cfg.key
     fam = get_family(cfg.family)
     if cfg.version is not None and cfg.version != fam.version:

@@ -20,6 +20,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from longhaul.eval.svg import line_chart
+
 
 @dataclass
 class Counts:
@@ -88,8 +90,6 @@ def domain_names(rows: list[dict]) -> list[str]:
 def domain_report(rows: list[dict], max_lines: int = 12) -> str:
     """HTML: per-domain pass rate and share curves (the `max_lines` largest domains by episodes
     as lines) and a table of every domain's totals. Empty when no row has domain keys."""
-    from longhaul.eval.svg import line_chart
-
     names = domain_names(rows)
     if not names:
         return ""

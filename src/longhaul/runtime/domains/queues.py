@@ -22,6 +22,7 @@ import random
 from bisect import bisect_right
 from itertools import accumulate
 
+from longhaul.errors import LonghaulError
 from longhaul.runtime.domains.curriculum import CURRICULA, TaskStats
 from longhaul.runtime.domains.domains import Domain, SchedulingConfig
 
@@ -119,7 +120,6 @@ class DomainQueue:
                 "stats": {key: [list(s.recent), s.draws] for key, s in self.by_unit.items() if s.draws or s.recent}}
 
     def load_state_dict(self, state: dict) -> None:
-        from longhaul.errors import LonghaulError
 
         if state["fingerprint"] != self.domain.fingerprint():
             raise LonghaulError(f"domain {self.domain.name!r} draws from another task pool than the checkpoint did (its config or "

@@ -19,8 +19,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from longhaul.agent.loop import AgentConfig, Generation, run_episodes
-from longhaul.inference.sampling import SamplingParams
+from longhaul.envs import get_family
+from longhaul.envs.base import AnswerEnv
+from longhaul.errors import LonghaulError
 from longhaul.inference.engine_loop import ThreadStream
+from longhaul.inference.sampling import SamplingParams
 
 log = logging.getLogger("longhaul.serve")
 
@@ -42,9 +45,6 @@ class JobSpec(BaseModel):
 
 def check_spec(spec: JobSpec):
     """The family of a spec, or a ValueError naming what does not exist."""
-    from longhaul.envs import get_family
-    from longhaul.errors import LonghaulError
-
     try:
         fam = get_family(spec.family)
     except LonghaulError as e:
@@ -89,8 +89,6 @@ def trajectory_json(traj, tok) -> dict:
 
 def run_job(spec: dict, loop, tok, max_model_len: int, key=None) -> dict:
     """Run one job's episode to its end; returns the trajectory as JSON."""
-    from longhaul.envs.base import AnswerEnv
-
     js = JobSpec.model_validate(spec)
     fam = check_spec(js)
     task = fam.make_split(js.split, js.seed + 1, js.difficulty)[js.seed]
