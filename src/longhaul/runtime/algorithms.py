@@ -41,6 +41,16 @@ class Algorithm:
 
 
 ALGORITHMS = Registry("algorithm")
+_LEARNS_FROM = {"online": "its own rollouts, not a dataset; run it with `longhaul train` and a task",
+                "offline": "a dataset, not from rollouts; run it with `longhaul train` and data.path"}
+
+
+def builder(name: str, driver: Driver):
+    """The builder of algorithm `name`, which the `driver` loop runs; one line if another loop runs it."""
+    algo = ALGORITHMS.get_fn(name)
+    if algo.driver != driver:
+        raise LonghaulError(f"algo.name={name} learns from {_LEARNS_FROM[algo.driver]}")
+    return algo.load()
 
 
 def register_algorithm(name: str, driver: Driver, builder: str) -> Algorithm:

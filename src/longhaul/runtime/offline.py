@@ -34,7 +34,7 @@ from longhaul.rl.distill import DistillTrainer
 from longhaul.rl.dpo import DPOTrainer
 from longhaul.rl.reward_model import RewardModel, RewardTrainer, load_head, save_head
 from longhaul.rl.sft import SFTTrainer
-from longhaul.runtime.algorithms import ALGORITHMS
+from longhaul.runtime.algorithms import builder
 from longhaul.runtime.memory import measure
 from longhaul.runtime.metrics import MetricsLog, read_metrics
 from longhaul.runtime.notice import StopNotice
@@ -166,10 +166,7 @@ def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
         torch.set_num_threads(cfg.threads)
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(cfg.seed)
-    algo = ALGORITHMS.get_fn(cfg.algo.name)
-    if algo.driver != "offline":
-        raise LonghaulError(f"algo.name={algo.name} learns from its own rollouts, not a dataset; run it with `longhaul train` and a task")
-    spec = algo.load()
+    spec = builder(cfg.algo.name, "offline")
     policy, tok = load_policy(cfg.model.name)
     items = encode_dataset(cfg, tok, spec)
     train_items, heldout = split_heldout(items, cfg.data.heldout_fraction if cfg.eval.before_after else 0.0, cfg.seed)

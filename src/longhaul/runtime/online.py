@@ -16,7 +16,6 @@ import torch
 import transformers
 
 from longhaul.config import RunConfig, dump_config
-from longhaul.errors import LonghaulError
 from longhaul.eval.agent_metrics import agent_metrics
 from longhaul.eval.passrate import compare
 from longhaul.eval.report import write_report
@@ -31,7 +30,7 @@ from longhaul.rl.checkpoint import (
 from longhaul.rl.distill import OnPolicyDistillTrainer
 from longhaul.rl.grpo import GRPOTrainer
 from longhaul.rl.ppo import PPOTrainer
-from longhaul.runtime.algorithms import ALGORITHMS
+from longhaul.runtime.algorithms import builder
 from longhaul.runtime.buffer import ReplayBuffer
 from longhaul.runtime.controller import Controller, buffer_capacity, make_rollouts
 from longhaul.runtime.memory import measure
@@ -61,10 +60,7 @@ def onpolicy_distill_trainer(cfg: RunConfig, policy, tok):
 
 def online_builder(name: str):
     """The trainer factory of the online algorithm `name` (runtime.algorithms)."""
-    algo = ALGORITHMS.get_fn(name)
-    if algo.driver != "online":
-        raise LonghaulError(f"algo.name={name} learns from a dataset, not from rollouts; run it with `longhaul train` and data.path")
-    return algo.load()
+    return builder(name, "online")
 
 
 def _step_metrics(groups, gen: dict, m: dict, step_time: float) -> dict:

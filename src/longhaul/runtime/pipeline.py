@@ -256,7 +256,7 @@ class Pipeline:
         per, extra = divmod(c.eval.tasks, len(subs))
         tasks = [fam.make_split("heldout", per + (i < extra), c.difficulty, [sub]) for i, sub in enumerate(subs)]
         # interleaved, so a set cut into batches still mixes every kind of task
-        return [t for row in zip(*[ts + [None] * (per + 1 - len(ts)) for ts in tasks]) for t in row if t is not None]
+        return [ts[k] for k in range(per + 1) for ts in tasks if k < len(ts)]
 
     def evaluate(self, stage: str, model: str, humaneval: bool = False) -> dict:
         """The policy at `model` on every set (and HumanEval when asked), cached in eval_<stage>.json."""
