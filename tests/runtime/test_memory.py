@@ -5,6 +5,7 @@ import torch
 
 from longhaul.inference import make_engine
 from longhaul.models import load_policy
+from longhaul.ops.linear import pack
 from longhaul.rl.grpo import frozen_copy
 from longhaul.runtime.memory import PARTS, measure
 
@@ -50,3 +51,16 @@ def test_a_storage_shared_by_two_holders_is_counted_once():
         ref = policy  # the same modules as the policy: nothing new
 
     assert measure(policy, Shares()).parts["reference"] == 0
+
+
+def test_a_bf16_engine_with_onednn_packed_weights_is_measured():
+    """oneDNN's packed weights (the bf16 engine where the native kernel does not take them) keep
+    their storage opaque: counted by their size, on every host, not refused."""
+    policy, tok = load_policy("tiny-llama")
+    engine = make_engine(policy, tok, "bfloat16", max_model_len=256)
+    engine.runner.pack_weights(lambda w, b: pack(w, b, few_rows=False))  # oneDNN's packing on any CPU that has it
+    packed = [e[1] for e in engine.runner._exec if callable(e[1]) and getattr(e[1], "weight", None) is not None]
+    b = measure(policy, None, engine)
+    assert b.parts["sampler"] > 0
+    if packed and packed[0].weight.is_mkldnn:
+        assert b.parts["sampler"] >= sum(p.weight.numel() * 2 for p in packed)

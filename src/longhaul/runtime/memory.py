@@ -66,6 +66,11 @@ def _storage_bytes(tensors, counted: set[int]) -> int:
     for t in tensors:
         if t.device.type != "cpu" or t.is_meta:
             continue
+        if t.is_mkldnn:  # oneDNN's packed weights (`ops.linear.PackedLinear`) hide their storage
+            if id(t) not in counted:
+                counted.add(id(t))
+                total += t.numel() * t.element_size()
+            continue
         s = t.untyped_storage()
         key = s.data_ptr()
         if key and key not in counted:
