@@ -84,3 +84,48 @@ def test_device_nodes_still_work_on_the_read_only_dev():
     with Sandbox(SandboxSpec(wall_s=30)) as sb:
         r = sb.exec(["sh", "-c", "echo x > /dev/null && head -c 4 /dev/zero | wc -c && head -c 4 /dev/urandom | wc -c"])
         assert r.ok and r.stdout.split() == ["4", "4"], r
+
+
+# writes 1 MiB at a time into each directory given, printing the running total after each write
+GROW = r'''
+import os, sys
+n = int(sys.argv[1])
+with open(os.path.join(sys.argv[2], "grow"), "wb") as f:
+    wrote = 0
+    while wrote < n:
+        wrote += f.write(b"x" * (1 << 20))
+        f.flush()
+        print(wrote, flush=True)
+'''
+
+SESSION = r'''
+import json, sys
+from longhaul.sandbox.sandbox import Sandbox
+from longhaul.sandbox.spec import SandboxSpec
+out = {}
+with Sandbox(SandboxSpec(disk_bytes=16 << 20, fsize_bytes=1 << 30, wall_s=60)) as sbx:
+    out["watched"] = sbx.storage_watch() is not None
+    sbx.write_file("grow.py", sys.argv[1])
+    s = sbx.open_session()
+    r = s.run("python3 grow.py 629145600 /work/big")
+    out["session"] = [r.limit_hit, r.stdout.split()[-1:]]
+    r = s.run("rm -f /work/big/grow && echo ok")  # cleaning up within the cap is allowed
+    out["after"] = [r.limit_hit, r.stdout.strip()]
+    r = sbx.exec(["python3", "grow.py", "629145600", "/work"])
+    out["exec"] = [r.limit_hit, r.stdout.split()[-1:]]
+print(json.dumps(out))
+'''
+
+
+def test_an_unprivileged_workdir_is_watched_and_a_command_stopped_past_the_cap():
+    """As an unprivileged user the workdir is a host directory: the runner measures what it stores
+    and stops the command (limit_hit fsize, from its own measurement) long before 600 MiB."""
+    res = modes.cli_json("unprivileged", "--disk", "16", "--fsize", "1024", "--wall", "120", "--",
+                         "python3", "-c", GROW, str(600 * MB), "/work")
+    assert res["limit_hit"] == "fsize" and res["exit_code"] != 0, res
+    stored = int(res["stdout"].split()[-1])
+    assert 16 * MB < stored < 600 * MB, stored
+    got = modes.script("unprivileged", SESSION.replace("sys.argv[1]", repr(GROW)).replace("/work/big", "/work"))
+    assert got["watched"] and got["session"][0] == "fsize" and int(got["session"][1][0]) < 600 * MB, got
+    assert got["after"] == [None, "ok"], got
+    assert got["exec"][0] == "fsize" and int(got["exec"][1][0]) < 600 * MB, got

@@ -4,7 +4,8 @@ enforce the wall clock and the output cap, and say which limit (if any) stopped 
 The watchdog needs no cgroups: `Launch.stop` kills the whole tree by means the backend owns
 (the pid namespace's init for bubblewrap). Which limit was hit is read only from facts the
 program cannot forge: the watchdog's and the output cap's own records, the signal that ended
-the command, cgroup counters, and a full workdir; never from what the program printed. A
+the command, cgroup counters, and a full workdir (or, where no tmpfs caps it, the runner's own
+measurement of what it stores); never from what the program printed. A
 command that exits 0 has no limit hit unless the runner itself stopped it.
 """
 
@@ -35,6 +36,7 @@ class Launch:
     counters: Callable[[], dict] | None = None  # cgroup counters, read before and after
     wrapped: bool = False  # bwrap reports a signal death as exit code 128 + signal
     disk_full: Callable[[], bool] = lambda: False  # the workdir has no space or inodes left
+    storage: Callable[[], object] | None = None  # a `storage.StorageWatch` for a workdir no tmpfs caps
 
 
 def rlimit_preexec(spec: SandboxSpec, uid: int | None, use_cgroup_limits: bool, join: Callable[[], None] | None):
@@ -79,8 +81,9 @@ def run(launch: Launch, spec: SandboxSpec, stdin: bytes | None, timeout: float) 
     start = time.monotonic()
     proc = subprocess.Popen(launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=launch.env, cwd=launch.cwd, preexec_fn=launch.preexec, close_fds=True)
+    watch = launch.storage() if launch.storage else None
     try:
-        bufs, truncated, hit = _drain(proc, launch, spec, stdin, start + timeout)
+        bufs, truncated, hit = _drain(proc, launch, spec, stdin, start + timeout, watch)
     except BaseException:  # a signal to the caller (KeyboardInterrupt, SystemExit): leave nothing running
         launch.stop(proc)
         proc.wait()
@@ -102,16 +105,19 @@ def run(launch: Launch, spec: SandboxSpec, stdin: bytes | None, timeout: float) 
     # bwrap's own rusage misses processes reaped inside its pid namespace; the cgroup sees all
     cpu = (after["cpu_ns"] - before["cpu_ns"]) / 1e9 if "cpu_ns" in after else usage.ru_utime + usage.ru_stime
     peak = after.get("peak") or usage.ru_maxrss * 1024
+    if hit is None and watch is not None and watch.over(force=True):
+        hit = "fsize"  # stored past the cap between two samples: the runner's own measurement
     if hit is None:
         hit = classify(spec, exit_code, sig, cpu, before, after, launch.disk_full)
     return ExecResult(exit_code, sig, bytes(bufs[proc.stdout]).decode("utf-8", "replace"),
                       bytes(bufs[proc.stderr]).decode("utf-8", "replace"), truncated, hit, wall, cpu, peak)
 
 
-def _drain(proc, launch: Launch, spec: SandboxSpec, stdin: bytes | None, deadline: float):
+def _drain(proc, launch: Launch, spec: SandboxSpec, stdin: bytes | None, deadline: float, watch=None):
     """Read both streams until they close or a limit is hit; returns (buffers, truncated, hit).
     When the main process exits, what it left running is killed, so a daemon holding the
-    pipes open cannot keep the command going until the wall clock."""
+    pipes open cannot keep the command going until the wall clock. `watch` (a
+    `storage.StorageWatch`) stops the command once its workdir grows past the disk cap."""
     feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin or b""), daemon=True)
     feeder.start()
     bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
@@ -129,7 +135,10 @@ def _drain(proc, launch: Launch, spec: SandboxSpec, stdin: bytes | None, deadlin
             if left <= 0:
                 hit = "wall"
                 break
-            for key, _ in sel.select(timeout=min(left, 0.5)):
+            if watch is not None and watch.over():
+                hit = "fsize"
+                break
+            for key, _ in sel.select(timeout=min(left, 0.5 if watch is None else max(0.005, watch.due()))):
                 if key.fileobj == exited:
                     sel.unregister(exited)
                     launch.after_exit(proc.pid, False)

@@ -6,8 +6,9 @@ an isolation boundary and says so). The file API resolves every path beneath the
 refuses symlinks that leave it. `close()` is idempotent and leaves no process behind.
 
 As root each sandbox gets a host uid of its own (`UidClaim`) and its workdir is a tmpfs of
-`disk_bytes` mounted on the host; as another user the workdir is a plain host directory, so
-only `fsize_bytes` bounds each file written there. Processes are stopped through the pid
+`disk_bytes` mounted on the host; as another user the workdir is a plain host directory, whose
+total the runner samples while a command runs (`storage`), stopping the command once it has
+grown past `disk_bytes`; `fsize_bytes` bounds each file. Processes are stopped through the pid
 namespace (bwrap) or the process group and uid (process), with cgroups where writable and
 without them where not.
 """
@@ -34,6 +35,7 @@ from longhaul.sandbox.cgroup import CGroup
 from longhaul.sandbox.runner import Launch, rlimit_preexec, run
 from longhaul.sandbox.session import Session
 from longhaul.sandbox.spec import ExecResult, SandboxSpec
+from longhaul.sandbox.storage import StorageWatch
 from longhaul.sandbox.uids import UidClaim
 
 
@@ -168,7 +170,12 @@ class Sandbox:
         a = self.spawn_args(argv, cwd)
         cg = self.cgroup
         return Launch(a["args"], a["env"], a["cwd"], a["preexec_fn"], self.kill_tree, self._after_exit,
-                      cg.counters if cg else None, wrapped=self.backend == "bwrap", disk_full=self.disk_full)
+                      cg.counters if cg else None, wrapped=self.backend == "bwrap", disk_full=self.disk_full,
+                      storage=self.storage_watch)
+
+    def storage_watch(self) -> StorageWatch | None:
+        """A watch on what the workdir stores, where no tmpfs caps it (None where one does)."""
+        return None if self._mounted else StorageWatch(self.workdir, self.spec.disk_bytes)
 
     def _refuse(self, argv: list[str]) -> str | None:
         allow = self.spec.allow_commands

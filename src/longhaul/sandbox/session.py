@@ -89,14 +89,26 @@ class Session:
         self._proc.stdin.flush()
         hit = None
         end = m.encode()
-        with self._cond:
-            done = lambda: (end + b":" in self._bufs["out"] and b"\n" + end + b"\n" in self._bufs["err"]) or self._eof == 2
-            if not self._cond.wait_for(done, timeout=timeout):
+        done = lambda: (end + b":" in self._bufs["out"] and b"\n" + end + b"\n" in self._bufs["err"]) or self._eof == 2
+        watch = self.sandbox.storage_watch()  # where no tmpfs caps the workdir
+        deadline = start + timeout
+        while True:
+            left = deadline - time.monotonic()
+            with self._cond:
+                if self._cond.wait_for(done, timeout=max(0.0, left if watch is None else min(left, max(0.005, watch.due())))):
+                    break
+            if time.monotonic() >= deadline:
                 hit = "wall"
+                break
+            if watch is not None and watch.over():
+                hit = "fsize"
+                break
         if hit:
             self.interrupt()
             with self._cond:
                 self._cond.wait_for(done, timeout=5)
+        elif watch is not None and watch.over(force=True):
+            hit = "fsize"  # stored past the cap between two samples
         with self._cond:
             out, err = bytes(self._bufs["out"]), bytes(self._bufs["err"])
         head, sep, tail = out.rpartition(b"\n" + end + b":")
