@@ -117,3 +117,23 @@ def test_the_product_never_imports_benchmarks_or_simulators():
 def test_no_source_file_outgrows_a_reader():
     long = {str(p.relative_to(SRC)): n for p in _modules().values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"split these modules: {long}"
+
+
+# where a longhaul import inside a function is the design: package facades that must stay light (every
+# submodule import runs them first), and imports that load a model or an optional extra only when used
+DEFERRED = {"longhaul.cli", "longhaul.runtime", "longhaul.serve", "longhaul.runtime.families"}
+
+
+def test_longhaul_imports_sit_at_module_level():
+    mods = _modules()
+    late = {}
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    target = node.module if isinstance(node, ast.ImportFrom) else (
+                        node.names[0].name if isinstance(node, ast.Import) else None)
+                    if target and target.split(".")[0] == "longhaul" and name not in DEFERRED:
+                        late.setdefault(name, []).append(f"{target} (line {node.lineno})")
+    assert not late, f"move these imports to the top of their modules (or explain in DEFERRED): {late}"

@@ -8,6 +8,10 @@ import shutil
 import subprocess
 import sys
 
+import torch
+
+import longhaul
+
 
 def _version(mod: str) -> str:
     try:
@@ -17,10 +21,6 @@ def _version(mod: str) -> str:
 
 
 def collect() -> dict:
-    import torch
-
-    import longhaul
-
     bwrap = shutil.which("bwrap")
     if bwrap:
         r = subprocess.run([bwrap, "--version"], capture_output=True, text=True)

@@ -18,6 +18,8 @@ from functools import lru_cache
 
 import torch
 
+from longhaul.ops import kernels
+
 
 @lru_cache(maxsize=None)
 def native_bf16() -> bool:
@@ -50,9 +52,7 @@ def prefer_bf16() -> bool:
     amx = getattr(getattr(torch, "cpu", None), "_is_amx_tile_supported", None)
     if amx is not None and amx():
         return True
-    from longhaul.ops.kernels import _missing_requirement
-
-    return _missing_requirement() is not None
+    return kernels._missing_requirement() is not None
 
 
 def resolve_dtype(value: str) -> str:

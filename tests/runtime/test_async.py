@@ -122,7 +122,8 @@ def test_a_worker_keeps_or_recomputes_inflight_kv_as_configured(kv):
 
     from longhaul.inference import RolloutParams, generate
     from longhaul.runtime.pool import policy_tensors
-    from longhaul.runtime.rollout import RolloutWorker, build_family, make_sampler
+    from longhaul.runtime.families import build_family
+    from longhaul.runtime.rollout import RolloutWorker, make_sampler
 
     cfg = load_config(EXAMPLE, [f"runtime.inflight_kv={kv}"])
     v0, v1, tok = _two_versions()
@@ -148,7 +149,8 @@ def _process_pool_running(tmp_path, requests: int, overrides: list[str]):
     """A started one-worker ProcessRollouts pool with `requests` requests of 2 tasks submitted."""
     from longhaul.models import load_policy
     from longhaul.runtime.local import ProcessRollouts
-    from longhaul.runtime.rollout import RolloutRequest, build_family
+    from longhaul.runtime.families import build_family
+    from longhaul.runtime.rollout import RolloutRequest
 
     cfg = load_config(EXAMPLE, ["runtime.mode=async", "runtime.worker_threads=1", *overrides])
     policy, tok = load_policy("tiny-llama")

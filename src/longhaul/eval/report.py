@@ -7,6 +7,8 @@ import math
 import os
 from pathlib import Path
 
+from longhaul.eval.domain_report import domain_report
+
 CURVES = [("reward", "reward (train)"), ("pass_rate", "pass rate (train samples)"), ("kl", "KL to reference"),
           ("entropy", "entropy"), ("completions/mean_length", "completion length"), ("step_time", "step time (s)")]
 AGENT_CURVES = [("agent/submit_rate", "episodes that submit"), ("agent/turns", "turns an episode"),
@@ -90,8 +92,6 @@ def write_report(run_dir: Path, metrics: list[dict], comparison: dict | None, ti
         body += "<h2>Held-out evaluation (greedy, same tasks)</h2>" + _comparison_table(comparison)
     body += f"<h2>Training curves</h2><div style='display:flex;flex-wrap:wrap;gap:12px'>{charts}</div>"
     if any(k.startswith("domain/") for m in metrics[:1] for k in m):  # a joint multi-domain run
-        from longhaul.runtime.domains.metrics import domain_report
-
         body += domain_report(metrics)
     page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body style='font-family:sans-serif'>{body}</body></html>"
     out = run_dir / "report.html"

@@ -41,13 +41,16 @@ from longhaul.inference.block_manager import BlockManager
 from longhaul.inference.config import EngineConfig
 from longhaul.inference.engine_loop import EngineLoop
 from longhaul.inference.kv_cache import KVCache
-from longhaul.inference.kv_quant import make_kv_cache
+from longhaul.inference.kv_quant import kv_bytes_per_token, make_kv_cache
 from longhaul.inference.model_runner import BatchItem, ModelRunner
 from longhaul.inference.outputs import RequestOutput, output_of
+from longhaul.inference.quant import quantize_linear
 from longhaul.inference.sampling import SamplingParams, sample
 from longhaul.inference.scheduler import Scheduler
 from longhaul.inference.sequence import Sequence
+from longhaul.inference.spec_worker import SpecDecoder, SpeculativeConfig
 from longhaul.inference.threads import ThreadGovernor
+from longhaul.models import load_policy
 
 
 class LLMEngine:
@@ -57,8 +60,6 @@ class LLMEngine:
         `spec_worker.SpeculativeConfig` (or its dict) to decode speculatively. kwargs:
         `EngineConfig` fields."""
         if isinstance(model, (str, Path)):
-            from longhaul.models import load_policy
-
             hf, tokenizer = load_policy(str(model))
             label = str(model)
         else:
@@ -71,8 +72,6 @@ class LLMEngine:
         num_blocks = self.kv.num_blocks
         self.runner = ModelRunner(hf, self.kv, cfg.torch_dtype, cfg.device, max_positions=self.max_model_len)
         if cfg.quantization == "int8":
-            from longhaul.inference.quant import quantize_linear
-
             self.runner.pack_weights(quantize_linear)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
@@ -91,8 +90,6 @@ class LLMEngine:
         self.spec = None  # a spec_worker.SpecDecoder takes over forward + sample when set
         self.threads = ThreadGovernor() if cfg.adaptive_threads else None  # intra-op threads from measured step times
         if speculative_config is not None:
-            from longhaul.inference.spec_worker import SpecDecoder, SpeculativeConfig
-
             sc = speculative_config if isinstance(speculative_config, SpeculativeConfig) else SpeculativeConfig(**speculative_config)
             self.spec = SpecDecoder(self, sc)
 
@@ -306,8 +303,6 @@ def _make_kv_cache(cfg: EngineConfig, mcfg, max_model_len: int) -> KVCache:
     if cfg.kv_cache_dtype == "auto":
         per_token = KVCache.bytes_per_token(*shape, cfg.torch_dtype)
     else:
-        from longhaul.inference.kv_quant import kv_bytes_per_token
-
         per_token = kv_bytes_per_token(cfg.kv_cache_dtype, *shape, cfg.torch_dtype, cfg.block_size)
     num_blocks = cfg.num_kv_blocks or min(int(cfg.kv_cache_memory_gb * 2**30) // (per_token * cfg.block_size),
                                           -(-cfg.max_num_seqs * max_model_len // cfg.block_size))

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from longhaul.errors import LonghaulError
 from longhaul.inference.kv_cache import KVCache
+from longhaul.ops.kernels import native
 from longhaul.ops.linear import linear, pack
 from longhaul.ops.rope import Rope, apply_rope
 
@@ -101,8 +102,6 @@ class ModelRunner:
         self.rope = Rope(cfg, device=self.device, max_positions=max(max_positions or 0, cfg.max_position_embeddings))
         self.native = None  # fp32 on CPU: the native decode kernels (`kernels.native`), when they build here
         if dtype == torch.float32 and self.device.type == "cpu":
-            from longhaul.ops.kernels import native
-
             self.native = native()
         self._load(dict(model.state_dict()))
         self.pack_weights()

@@ -89,8 +89,6 @@ def merged_state_dict(policy) -> dict[str, torch.Tensor]:
 def make_engine(model, tok, dtype: str = "bfloat16", **engine_kwargs) -> LLMEngine:
     """A rollout engine holding `model`'s current weights (LoRA merged), in `dtype`."""
     if is_lora(model):
-        from longhaul.models.lora import unwrap
-
         engine = LLMEngine(model=_plain_copy(unwrap(model)), dtype=dtype, tokenizer=tok, **engine_kwargs)
         engine.update_weights(merged_state_dict(model), version=0)
         return engine

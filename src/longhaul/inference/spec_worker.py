@@ -38,8 +38,9 @@ from longhaul.inference.block_manager import BlockManager
 from longhaul.inference.kv_cache import KVCache
 from longhaul.inference.model_runner import BatchItem, ModelRunner
 from longhaul.inference.sampling import process_logits, sample_from
-from longhaul.inference.spec_decode import NgramProposer, SpecCounters, rejection_sample
 from longhaul.inference.sequence import Status
+from longhaul.inference.spec_decode import NgramProposer, SpecCounters, rejection_sample
+from longhaul.models import load_policy
 
 
 class SpeculativeConfig(BaseModel):
@@ -166,8 +167,6 @@ class SpecDecoder:
             if draft_model is None:
                 if not config.draft_model:
                     raise LonghaulError("speculative method 'draft' needs a draft model; set draft_model to a model name, HF directory or .gguf")
-                from longhaul.models import load_policy
-
                 draft_model = load_policy(config.draft_model)[0]
             self.draft = DraftModelProposer(draft_model.eval(), engine, config.draft_num_kv_blocks)
 

@@ -34,6 +34,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from longhaul.ops.kernels import native
+
 
 def linear(x: torch.Tensor, w, b: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x (N, K) @ w.T (+ b) -> (N, M) for a weight tensor (M, K) or a callable weight; with
@@ -111,8 +113,6 @@ def pack(w: torch.Tensor | None, b: torch.Tensor | None = None, few_rows: bool =
     if w is None or not isinstance(w, torch.Tensor) or not _packable(w):
         return w, b
     if few_rows and w.dtype == torch.float32 and (b is None or b.dtype == torch.float32):
-        from longhaul.ops.kernels import native
-
         kernel = native()
         if kernel is not None:
             return SmallBatchLinear(w, b, kernel, panel_width()), None

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from longhaul.errors import LonghaulError
-from longhaul.models.lora import is_lora, load_adapter
+from longhaul.models.lora import is_lora, load_adapter, merged_from_checkpoint
 
 _STEP = re.compile(r"^step_(\d+)$")
 
@@ -95,8 +95,6 @@ def export_checkpoint(run_dir: Path, step: int | None, out: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
         if (src / "adapter_config.json").is_file():  # LoRA: merge the adapters into the base
-            from longhaul.models.lora import merged_from_checkpoint
-
             model, tok = merged_from_checkpoint(src)
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)

@@ -4,15 +4,18 @@ distill), each in this process or, with `runtime.trainer_actor` on Ray, in a tra
 `algorithms` names every algorithm and its driver; `setup` prepares a run and evaluates held-out
 tasks for both drivers and for `longhaul eval`."""
 
+from longhaul.errors import LonghaulError
+
 
 def train(cfg, resume: bool = False) -> dict:
     """Run the algorithm `cfg.algo.name` picks, from scratch or from the run's latest checkpoint."""
+    # the drivers are imported here, not above: importing any `longhaul.runtime.*` module runs this
+    # file first, and the drivers import most of the package (the trainer actor calls `train` back)
     from longhaul.runtime.algorithms import ALGORITHMS
     from longhaul.runtime.offline import run_offline
     from longhaul.runtime.online import run_training
 
     if cfg.runtime.trainer_actor:
-        from longhaul.errors import LonghaulError
         from longhaul.runtime.ray_backend import train_in_actor
 
         if cfg.runtime.backend != "ray":

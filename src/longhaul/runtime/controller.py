@@ -26,8 +26,11 @@ import threading
 import time
 from collections import Counter
 
+import torch
+
 from longhaul.runtime.buffer import Entry, ReplayBuffer, reward_spread
-from longhaul.runtime.local import ProcessRollouts, ThreadRollouts
+from longhaul.runtime.local import InlineRollouts, ProcessRollouts, ThreadRollouts, trainer_threads
+from longhaul.runtime.ray_backend import RayRollouts
 from longhaul.runtime.rollout import RolloutRequest, RolloutResult
 
 
@@ -39,14 +42,9 @@ def buffer_capacity(cfg) -> int:
 
 def make_rollouts(cfg, family, tok, policy, run_dir):
     if cfg.runtime.mode == "sync":
-        from longhaul.runtime.local import InlineRollouts
-
         return InlineRollouts(cfg, family, tok, policy)
     if cfg.runtime.backend == "ray":
-        from longhaul.runtime.ray_backend import RayRollouts
-
         return RayRollouts(cfg, family, tok, policy, run_dir)
-
     if cfg.runtime.worker_kind == "thread":
         return ThreadRollouts(cfg, family, tok, policy)
     return ProcessRollouts(cfg, family, tok, policy, run_dir)
@@ -74,13 +72,9 @@ class Controller:
         self._stop = threading.Event()
         self._receiver = None
         self._lock = threading.RLock()  # requests / finished are shared with the receiver thread
-        import torch
-
         self.full_threads = torch.get_num_threads()
         self.shared_threads = None  # local process workers share this machine's cores with the trainer
         if cfg.runtime.mode == "async" and cfg.runtime.backend == "local" and cfg.runtime.worker_kind == "process":
-            from longhaul.runtime.local import trainer_threads
-
             self.shared_threads = min(self.full_threads, trainer_threads(cfg))
 
     # ---- the loop -----------------------------------------------------------------------

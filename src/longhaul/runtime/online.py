@@ -40,6 +40,7 @@ from longhaul.runtime.progress import console, progress_bar
 from longhaul.runtime.rollout import make_sampler
 from longhaul.runtime.setup import evaluate_heldout, open_run_dir, prepare
 from longhaul.runtime.tasks import ScheduledTasks, TaskStream
+from longhaul.runtime.trainers import ShardedTrainer
 
 
 def grpo_trainer(cfg: RunConfig, policy, tok):
@@ -97,8 +98,6 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     if t.lora_r:
         policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
     if cfg.runtime.trainers > 1:  # data-parallel ranks in child processes; this one is rank 0
-        from longhaul.runtime.trainers import ShardedTrainer
-
         trainer = ShardedTrainer(cfg, policy, tok, ckpt)
     else:
         trainer = online_builder(cfg.algo.name)(cfg, policy, tok)

@@ -35,6 +35,7 @@ from longhaul.envinfo import collect
 from longhaul.envs import get_family
 from longhaul.envs.datasets import write_jsonl
 from longhaul.errors import LonghaulError
+from longhaul.eval.envcheck import require_checked
 from longhaul.eval.passrate import EvalResult, evaluate
 from longhaul.eval.pipeline_report import write_pipeline_report
 from longhaul.eval.stats import mcnemar_exact, wilson
@@ -319,8 +320,6 @@ class Pipeline:
         if done.exists():  # stages an earlier run finished keep the seconds they took then
             self.timing = {k: v for k, v in json.loads(done.read_text()).get("timing_s", {}).items() if k != "total"}
         if "rl" in c.stages and c.rl.get("task", {}).get("require_envcheck", True):
-            from longhaul.eval.envcheck import require_checked
-
             for fam in self.families.values():  # before any stage runs, not after the SFT
                 require_checked(fam)
         base = c.model.name

@@ -37,7 +37,7 @@ from longhaul.runtime.notice import StopNotice, StopRequested
 from longhaul.runtime.pool import WorkerPool, policy_tensors
 from longhaul.runtime.progress import console
 from longhaul.runtime.rollout import worker_from_config
-from longhaul.runtime.sandbox_pool import start_pools
+from longhaul.runtime.sandbox_pool import PoolLink, start_pools
 from longhaul.runtime.weights import SyncStats, _cast, nbytes
 
 
@@ -163,8 +163,6 @@ class _RolloutActor:
         self.cfg = RunConfig.model_validate_json(cfg_json)
         self.worker = worker_from_config(self.cfg, f"ray-{wid}")
         if sandbox_pool is not None:
-            from longhaul.runtime.sandbox_pool import PoolLink
-
             self.worker.use_sandbox_pool(PoolLink(sandbox_pool))
         self._cond = threading.Condition()
 

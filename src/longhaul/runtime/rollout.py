@@ -21,13 +21,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from longhaul.agent.rollout import rollout_groups
-from longhaul.envs import get_family
-from longhaul.envs.registry import reward_family
 from longhaul.errors import LonghaulError
 from longhaul.inference import LLMEngine, RolloutParams, make_engine
 from longhaul.models import load_policy
 from longhaul.rl.grpo import frozen_copy
+from longhaul.runtime.families import build_family, domain_runs
 from longhaul.runtime.sandbox_pool import remote_family
 from longhaul.types import Trajectory
 
@@ -63,59 +64,13 @@ class RolloutResult:
     error: str | None = None  # set when the worker failed on this request
 
 
-def build_family(cfg):
-    """The task family a run trains on, with its reward replaced where the config says so."""
-    family = get_family(cfg.task.family)
-    if cfg.task.reward:
-        family = reward_family(family, cfg.task.reward)
-    if cfg.task.reward_model:
-        from longhaul.rl.reward_model import reward_model_family
-
-        family = reward_model_family(family, cfg.task.reward_model)
-    return family
-
-
 def make_sampler(cfg, policy, tok):
     """What rollouts sample from: the paged engine holding a copy of the policy's weights in
     rollout.dtype (the default), or for rollout.sampler=hf the HF model (a bf16 copy, or the
     policy itself in fp32)."""
-    import torch
-
     if cfg.rollout.sampler == "engine":
         return make_engine(policy, tok, cfg.rollout.dtype, max_model_len=cfg.model.context_length)
     return frozen_copy(policy, torch.bfloat16) if cfg.rollout.dtype == "bfloat16" else policy
-
-
-@dataclass(frozen=True)
-class DomainRun:
-    """What a worker needs to roll out one domain of a joint run."""
-    family: object
-    max_turns: int
-    max_new_tokens: int
-    exec_timeout_s: float
-    make_env: object  # task -> Env for workspace families with a sandbox override, else None
-    scale: float
-    offset: float
-
-
-def domain_runs(cfg) -> dict[str, DomainRun]:
-    """Each domain's family (its reward replaced where configured), limits and shaping; the task
-    pools stay with the scheduler."""
-    out = {}
-    for d in cfg.domains:
-        fam = get_family(d.family)
-        if d.reward:
-            fam = reward_family(fam, d.reward)
-        make_env = None
-        if d.sandbox:
-            from longhaul.envs.workspace import WorkspaceEnv, WorkspaceLimits
-
-            limits = WorkspaceLimits(spec=replace(WorkspaceLimits().spec, **d.sandbox))
-            make_env = lambda task, limits=limits: WorkspaceEnv(limits)  # noqa: E731
-        r = cfg.rollout
-        out[d.key] = DomainRun(fam, d.max_turns or r.max_turns, d.max_new_tokens or r.max_new_tokens,
-                               d.exec_timeout_s or r.exec_timeout_s, make_env, d.reward_scale, d.reward_offset)
-    return out
 
 
 def sampling_params(cfg, family) -> RolloutParams:
@@ -178,8 +133,6 @@ class RolloutWorker:
         if self._domains is None:
             self._domains = domain_runs(cfg)
             if self._link is not None:
-                from longhaul.runtime.sandbox_pool import remote_family
-
                 self._domains = {k: replace(r, family=remote_family(r.family, self._link, k), make_env=None)
                                  for k, r in self._domains.items()}
         by_domain: dict[str, list[int]] = {}

@@ -30,15 +30,14 @@ from longhaul.config import RunConfig
 from longhaul.cpus import match_priority, own_priority
 from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.errors import LonghaulError
+from longhaul.runtime.families import build_family, domain_runs
 
 
 class SandboxPool:
     """Runs in a pool actor's process: the run's families, and the environments of the episodes in flight."""
 
     def __init__(self, cfg_json: str, nice: int):
-        match_priority(nice)  # first: the imports below run at it too, and its sandboxes' commands inherit it
-        from longhaul.runtime.rollout import build_family, domain_runs
-
+        match_priority(nice)  # first: its sandboxes' commands inherit it
         cfg = RunConfig.model_validate_json(cfg_json)
         if cfg.domains:  # domain -> (family, its sandbox override)
             self._families = {key: (run.family, run.make_env) for key, run in domain_runs(cfg).items()}

@@ -24,8 +24,8 @@ from longhaul.eval.passrate import EvalResult, evaluate
 from longhaul.models import load_policy
 from longhaul.rl.checkpoint import list_checkpoints
 from longhaul.runtime.domains import TaskScheduler
+from longhaul.runtime.families import build_family
 from longhaul.runtime.progress import console, progress_bar
-from longhaul.runtime.rollout import build_family
 
 
 @dataclass

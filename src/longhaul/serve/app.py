@@ -23,18 +23,24 @@ import threading
 import time
 from pathlib import Path
 
-from longhaul.inference.engine_loop import ThreadStream
+from longhaul.errors import LonghaulError
+from longhaul.inference.engine_loop import EngineLoop, ThreadStream
 from longhaul.inference.sampling import SamplingParams
 from longhaul.models.loader import cache_home
 from longhaul.serve.admission import Admission
 from longhaul.serve.auth import load_keys
 from longhaul.serve.config import ServeConfig
+from longhaul.serve.engine_core import build_engine
+from longhaul.serve.engine_process import EngineProcess
+from longhaul.serve.jobs.redis_store import RedisJobStore
+from longhaul.serve.jobs.routes import router as jobs_router
 from longhaul.serve.jobs.runner import JobRunner
 from longhaul.serve.jobs.store import SqliteJobStore
 from longhaul.serve.logs import RequestIdMiddleware, configure_logging
 from longhaul.serve.metrics import CONTENT_TYPE, Metrics
 from longhaul.serve.openai_api.logprobs import TokenTexts
 from longhaul.serve.openai_api.protocol import APIError
+from longhaul.serve.openai_api.routes import router as openai_router
 from longhaul.serve.ratelimit import RateLimiter
 
 log = logging.getLogger("longhaul.serve")
@@ -46,12 +52,8 @@ def default_model_name(model: str) -> str:
 
 def open_job_store(config: ServeConfig):
     if config.queue.startswith(("redis://", "rediss://", "unix://")):
-        from longhaul.serve.jobs.redis_store import RedisJobStore
-
         return RedisJobStore(config.queue, config.job_lease_s)
     if config.queue != "sqlite":
-        from longhaul.errors import LonghaulError
-
         raise LonghaulError(f"--queue must be sqlite or redis://host:port/db, got {config.queue!r}")
 
     if config.jobs_db:
@@ -82,15 +84,10 @@ class ServerState:
         `engine_process` the engine is built in its own process and `self.engine` is its view."""
         c = self.config
         if c.engine_process:
-            from longhaul.serve.engine_process import EngineProcess
-
             self.loop = EngineProcess(c, observer=self._observe)
             self.loop.start()
             self.engine, tok = self.loop.engine, self.loop.tokenizer
         else:
-            from longhaul.inference.engine_loop import EngineLoop
-            from longhaul.serve.engine_core import build_engine
-
             self.engine, tok = build_engine(c)
             self.loop = EngineLoop(self.engine, observer=self._observe)
             self.loop.start()
@@ -182,9 +179,6 @@ def _add_error_handlers(app) -> None:
 def create_app(config: ServeConfig, state: ServerState | None = None):
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, Response
-
-    from longhaul.serve.jobs.routes import router as jobs_router
-    from longhaul.serve.openai_api.routes import router as openai_router
 
     state = state or ServerState(config)
 

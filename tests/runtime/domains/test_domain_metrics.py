@@ -3,7 +3,7 @@
 import random
 
 from longhaul.runtime.domains import Outcome, TaskScheduler
-from longhaul.runtime.domains.metrics import domain_names, domain_report, write_domain_report
+from longhaul.eval.domain_report import domain_names, domain_report, write_domain_report
 from longhaul.runtime.metrics import MetricsLog, read_metrics
 from tests.runtime.domains.domain_helpers import synthetic
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from longhaul.agent.loop import AgentConfig, Generation, run_episodes
 from longhaul.envs import get_family
 from longhaul.envs.base import AnswerEnv
+from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.errors import LonghaulError
 from longhaul.inference.engine_loop import ThreadStream
 from longhaul.inference.sampling import SamplingParams
@@ -95,8 +96,6 @@ def run_job(spec: dict, loop, tok, max_model_len: int, key=None) -> dict:
     if fam.kind == "answer":
         make_env, stop = (lambda t: AnswerEnv(fam.score_many)), tuple(fam.stop)
     else:
-        from longhaul.envs.workspace import WorkspaceEnv
-
         make_env, stop = fam.make_env or (lambda t: WorkspaceEnv()), AgentConfig.stop
     cfg = AgentConfig(max_turns=1 if fam.kind == "answer" else js.max_turns, max_tokens=min(js.max_tokens or max_model_len, max_model_len),
                       max_new_tokens=js.max_new_tokens, temperature=js.temperature, top_p=js.top_p, stop=stop, workers=1)
