@@ -60,6 +60,10 @@ class RolloutConfig(Section):
     # multi-turn episodes with the engine: each asks for its next reply as soon as its env has stepped
     # (continuous), or all live episodes reply, then all envs step (rounds); samples are the same either way
     schedule: Literal["continuous", "rounds"] = "continuous"
+    # multi-turn GRPO: a group in which no sample passed gets the task's verified oracle demonstration (this
+    # variant of `longhaul data sft`'s) in place of its last sample, so tasks the policy cannot yet solve still
+    # give a gradient (off-policy guidance, after LUFFY); "off": groups are as sampled
+    guidance: Literal["off", "reference", "explore"] = "off"
 
     def agent_options(self) -> dict:
         """The AgentConfig fields this section sets for multi-turn episodes."""

@@ -21,7 +21,9 @@ class Score:
 class Turn:
     prompt_ids: list[int]
     completion_ids: list[int]
-    logprobs: list[float]  # behaviour log-prob of each completion token (sampling distribution)
+    # behaviour log-prob of each completion token (sampling distribution); NaN where no sampler wrote
+    # the token (an oracle demonstration put in by rollout.guidance): trainers treat it as on-policy
+    logprobs: list[float]
     versions: list[int]  # weight version that produced each completion token
     loss_mask: list[int]  # 1 on model tokens, 0 on tool/environment tokens
     finish_reason: str = "stop"  # "stop" or "length"

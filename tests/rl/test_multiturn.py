@@ -118,3 +118,27 @@ def test_training_runs_on_a_multi_turn_family_end_to_end(tmp_path, monkeypatch):
     assert (Path(res["run_dir"]) / "report.html").exists() and res["comparison"]["base"]["n"] == 1
     with pytest.raises(Exception, match="over the model context"):  # the tool prompt alone does not fit 1,024
         run_training(cfg.model_copy(update={"name": "mt2", "model": cfg.model.model_copy(update={"context_length": 1024})}))
+
+
+def test_guidance_puts_a_passing_oracle_episode_into_a_failed_group_end_to_end(tmp_path, monkeypatch):
+    """A random model fails every episode; with rollout.guidance each step's group gets the task's
+    oracle episode, which passes, and the step trains on it while pass_rate counts samples only."""
+    from pathlib import Path
+
+    from longhaul.eval.envcheck import run_envcheck
+    from longhaul.runtime.online import run_training
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples" / "plugins"))
+    monkeypatch.chdir(tmp_path)
+    run_envcheck(["wordtasks:CountLines"], n=2)
+    cfg = RunConfig.model_validate({
+        "name": "guided", "model": {"name": "tiny-llama", "context_length": 4096},
+        "task": {"family": "wordtasks:CountLines"},
+        "rollout": {"prompts_per_step": 1, "group_size": 2, "max_new_tokens": 160, "max_turns": 2, "dtype": "float32",
+                    "guidance": "reference", "max_idle_turns": 1},
+        "train": {"steps": 2, "autocast": "none"}, "eval": {"before_after": False},
+        "log": {"progress": False, "tensorboard": False}})
+    res = run_training(cfg)
+    rows = [json.loads(x) for x in (Path(res["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["guidance/demos"] for r in rows] == [1, 1], rows
+    assert all(r["pass_rate"] == 0.0 and r["num_trained_seqs"] >= 2 and r["grad_norm"] > 0 for r in rows), rows

@@ -259,6 +259,7 @@ class GRPOTrainer(OptimizerState):
                 ent = ent * mask
                 old = logp.detach()  # single update per batch: the old policy is the current one
                 beh = padded_rows([behaviour[i] for i in idx], old)  # the sampler's log-probs, (B, T)
+                beh = torch.where(beh.isnan(), old, beh)  # no sampler (a guidance demonstration): on-policy
                 tok_loss, clip = self.loss_fn(logp, old, padded_rows([advs[i] for i in idx], old), clip_low=self.algo.clip_low, clip_high=self.algo.clip_high,
                                               clip_c=self.algo.dual_clip_c, mask=mask)
                 if (w := off_policy_weight(self.algo.off_policy, old, beh, self.algo.tis_cap)) is not None:

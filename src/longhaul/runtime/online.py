@@ -65,8 +65,12 @@ def online_builder(name: str):
 
 
 def _step_metrics(groups, gen: dict, m: dict, step_time: float) -> dict:
-    trajs = [t for g in groups for t in g]
+    """The step's metrics; rates describe the sampled episodes (not the demonstrations guidance put in)."""
+    trajs = [t for g in groups for t in g if not t.info.get("guided")]
+    guided = sum(len(g) for g in groups) - len(trajs)
     lens = [t.completion_len for t in trajs]
+    if guided:
+        m = {**m, "reward": sum(t.reward for t in trajs) / len(trajs), "guidance/demos": guided}
     return {
         **m,
         "pass_rate": sum(t.info["passed"] for t in trajs) / len(trajs),

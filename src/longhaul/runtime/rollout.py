@@ -113,7 +113,8 @@ class RolloutWorker:
                 groups, timings = rollout_groups(self.sampler, self.tok, self.family, req.tasks, cfg.rollout.group_size, self.params,
                                                  seed=req.seed, version=self.version, max_turns=cfg.rollout.max_turns,
                                                  max_tokens=cfg.model.context_length, exec_timeout_s=cfg.rollout.exec_timeout_s,
-                                                 exec_workers=cfg.rollout.exec_workers, agent=cfg.rollout.agent_options())
+                                                 exec_workers=cfg.rollout.exec_workers, agent=cfg.rollout.agent_options(),
+                                                 guidance=cfg.rollout.guidance)
             else:
                 groups, timings = self._run_domains(req)
         finally:  # also when the pool's death surfaced as this request's own error
@@ -145,7 +146,8 @@ class RolloutWorker:
             return rollout_groups(self.sampler, self.tok, run.family, [req.tasks[i] for i in idx], cfg.rollout.group_size, params,
                                   seed=req.seed + 104_729 * k, version=self.version, max_turns=run.max_turns,
                                   max_tokens=cfg.model.context_length, exec_timeout_s=run.exec_timeout_s,
-                                  exec_workers=cfg.rollout.exec_workers, make_env=run.make_env, agent=cfg.rollout.agent_options())
+                                  exec_workers=cfg.rollout.exec_workers, make_env=run.make_env, agent=cfg.rollout.agent_options(),
+                                  guidance=cfg.rollout.guidance)
 
         jobs = [(k, name, idx) for k, (name, idx) in enumerate(by_domain.items())]
         t0 = time.perf_counter()

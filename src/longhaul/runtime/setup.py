@@ -70,6 +70,8 @@ def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
     context = cfg.model.context_length or policy.config.max_position_embeddings
     for part in parts:
         check_context(part, tok, context, cfg.eval.max_new_tokens if part.heldout else 0)
+    if training and cfg.rollout.guidance != "off":
+        check_guidance(parts, cfg.rollout.guidance)
     return Prepared(cfg, parts[0].family, policy, tok, parts[0].train if not cfg.domains else [], [t for p in parts for t in p.heldout],
                     parts, scheduler)
 
@@ -112,6 +114,18 @@ def check_context(part: Part, tok, context: int, eval_tokens: int) -> None:
         )
 
 
+def check_guidance(parts: list[Part], variant: str) -> None:
+    """rollout.guidance replays each family's oracle: every family it applies to must have one."""
+    multi = [p for p in parts if p.family.kind == "workspace"]
+    if not multi:
+        raise LonghaulError(f"rollout.guidance={variant} puts oracle episodes into multi-turn groups, and this run has no "
+                            "workspace family; set rollout.guidance=off")
+    for p in multi:
+        if p.train and not any(getattr(t, "reference", None) for t in p.train):
+            raise LonghaulError(f"rollout.guidance={variant}: family {p.family.name!r} has no oracle (its tasks carry no "
+                                "reference tool calls, WorkspaceTask.reference); set rollout.guidance=off")
+
+
 def check_runtime(cfg: RunConfig) -> None:
     rt = cfg.runtime
     need = (rt.max_staleness + 1 if rt.mode == "async" else 1) * cfg.rollout.prompts_per_step
@@ -123,6 +137,9 @@ def check_runtime(cfg: RunConfig) -> None:
     if rt.sandbox_pools and (rt.backend != "ray" or rt.mode != "async"):
         raise LonghaulError(f"runtime.sandbox_pools={rt.sandbox_pools} needs runtime.backend=ray and runtime.mode=async (pools are "
                             f"Ray actors beside the rollout actors); set runtime.sandbox_pools=0 to score inside the rollout workers")
+    if cfg.rollout.guidance != "off" and cfg.algo.name != "grpo":
+        raise LonghaulError(f"rollout.guidance={cfg.rollout.guidance} (oracle demonstrations in failed groups) works with "
+                            f"algo.name=grpo only, not {cfg.algo.name}; set rollout.guidance=off")
     if rt.mode == "async" and cfg.rollout.sampler != "engine":
         raise LonghaulError("runtime.mode=async needs rollout.sampler=engine (weights are swapped while generation runs)")
 

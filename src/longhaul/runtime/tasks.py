@@ -63,7 +63,7 @@ class ScheduledTasks:
                 tokens = sum(len(turn.prompt_ids) + len(turn.completion_ids) for turn in t.turns)
                 outcomes.append(Outcome(t.info["domain"], t.info["task_id"], float(t.info.get("raw_reward", t.reward)),
                                         bool(t.info.get("passed", False)), tokens, float(t.info.get("wall_s", 0.0)),
-                                        t.info.get("ended") == "infra_error"))
+                                        t.info.get("ended") == "infra_error", bool(t.info.get("guided", False))))
         self.scheduler.record(outcomes)
 
     def metrics(self) -> dict:

@@ -134,6 +134,17 @@ def test_infra_errors_count_tokens_not_episodes():
     assert len(sched.next_tasks(4)) == 2  # the budget is untouched
 
 
+def test_a_guidance_demonstration_ends_its_draw_and_counts_nothing():
+    sched = TaskScheduler([synthetic("a", 4, budget_episodes=2)], seed=0)
+    d = sched.next_tasks(1)[0]
+    queue = sched.queues[0]
+    assert queue.in_flight
+    sched.record([Outcome("a", d.task.task_id, 1.0, True, tokens=9, sandbox_s=1.0, guided=True)])
+    m = sched.metrics()
+    assert not queue.in_flight and m["domain/a/episodes"] == 0 and m["domain/a/infra_errors"] == 0
+    assert m["domain/a/tokens"] == 0 and "domain/a/pass_rate" not in m
+
+
 def test_metrics_are_per_step_with_running_totals():
     sched = TaskScheduler(_domains([1.0, 1.0]), seed=0)
     _run(sched, 3, 4)

@@ -50,6 +50,7 @@ class Outcome:
     tokens: int = 0  # prompt + completion tokens of the episode
     sandbox_s: float = 0.0  # seconds the episode spent in the sandbox (tool calls and verification)
     infra_error: bool = False  # the episode broke for infrastructure reasons: no outcome, no episode budget
+    guided: bool = False  # an oracle demonstration (rollout.guidance): it ends its draw and says nothing of the task's difficulty
 
     @classmethod
     def from_trajectory(cls, domain: str, traj, sandbox_s: float | None = None) -> "Outcome":
@@ -58,7 +59,8 @@ class Outcome:
         tokens = sum(len(t.prompt_ids) + len(t.completion_ids) for t in traj.turns)
         info = traj.info
         return cls(domain, info["task_id"], float(traj.reward), bool(info.get("passed", False)), tokens,
-                   float(info.get("wall_s", 0.0) if sandbox_s is None else sandbox_s), info.get("ended") == "infra_error")
+                   float(info.get("wall_s", 0.0) if sandbox_s is None else sandbox_s), info.get("ended") == "infra_error",
+                   bool(info.get("guided", False)))
 
 
 def _rng_state(rng: random.Random) -> list:
@@ -124,6 +126,9 @@ class TaskScheduler:
             q = self.queues[i]
             if o.task_id not in q.index:
                 raise LonghaulError(f"task {o.task_id!r} is not in domain {o.domain!r}'s pool; record outcomes of drawn tasks only")
+            if o.guided:
+                q.settle(o.task_id, None, 0)
+                continue
             passed = None if o.infra_error else bool(o.passed)
             q.settle(o.task_id, passed, int(o.tokens))
             self.counters[i].add(float(o.reward), passed, int(o.tokens), float(o.sandbox_s))
