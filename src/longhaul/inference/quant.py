@@ -34,9 +34,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from longhaul.errors import LonghaulError
+from longhaul.ops.kernels import native
+from longhaul.ops.linear import panel_width
 
 Axis = Literal["token", "channel"]
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+_EMPTY = torch.empty(0)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -59,10 +62,11 @@ def int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int8Linear(nn.Module):
     """A weight-only int8 linear: `y = x @ (codes * scale[:, None]).T (+ bias)`, y in x's dtype.
 
-    On CPU, bf16/fp16 inputs of up to `KERNEL_ROWS` rows use `torch._weight_int8pack_mm` (int8
-    weights, scales in x's dtype, 2-D contiguous x); more rows, float32 inputs and other devices
-    multiply by the weight cast to x's dtype and scale the output (exact: the scale is per
-    output channel). Measured on one Sapphire Rapids core (benchmarks/quant_quality.py): the
+    On CPU, calls of up to `KERNEL_ROWS` rows use the native int8 kernel once `use_native` packed
+    the codes (the engine's packer does), else, for bf16/fp16 inputs, `torch._weight_int8pack_mm`
+    (int8 weights, scales in x's dtype, 2-D contiguous x); more rows, float32 inputs without the
+    kernel and other devices multiply by the weight cast to x's dtype and scale the output
+    (exact: the scale is per output channel). Measured on one Sapphire Rapids core (benchmarks/quant_quality.py): the
     kernel beats bf16 `F.linear` at 1 row, loses from 8, and loses to the cast beyond ~16; the
     float32 int8pack kernel exists but is 10-50x slower than the cast at 8+ rows.
     """
@@ -74,6 +78,14 @@ class Int8Linear(nn.Module):
         self.register_buffer("codes", codes.contiguous())  # (out, in) int8
         self.register_buffer("scale", scale.float().contiguous())  # (out,)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self._native = None  # (kernel, panels) once `use_native` packed the codes
+
+    def use_native(self, kernel, nr: int = 0) -> "Int8Linear":
+        """Take calls of up to `KERNEL_ROWS` rows through the native int8 kernel
+        (`csrc/small_gemm_int8.cpp`: codes in 8- or 16-output panels, widened to fp32 in registers);
+        a second copy of the codes, in the kernel's order."""
+        self._native = (kernel, kernel.pack_int8(self.codes, nr))
+        return self
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
@@ -97,6 +109,10 @@ class Int8Linear(nn.Module):
         buf = self._buffers
         codes, scale, bias = buf["codes"], buf["scale"], buf["bias"]
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        native = self._native
+        if native is not None and x2.shape[0] <= self.KERNEL_ROWS and x.dtype in (torch.float32, torch.bfloat16):
+            y = native[0].mm_int8(x2, native[1], scale, _EMPTY if bias is None else bias)
+            return y if x.dim() == 2 else y.view(*x.shape[:-1], -1)
         if scale.dtype != x.dtype:
             scale = scale.to(x.dtype)
         if x.is_cpu and x.dtype in _KERNEL_DTYPES and x2.shape[0] <= self.KERNEL_ROWS:
@@ -115,8 +131,13 @@ class Int8Linear(nn.Module):
 
 def quantize_linear(w: torch.Tensor | None, b: torch.Tensor | None = None) -> tuple[Int8Linear | None, torch.Tensor | None]:
     """(Int8Linear for w with b folded in, None): a drop-in for `linear.pack` when the engine
-    runs int8 weights; None stays None."""
-    return (None, b) if w is None else (Int8Linear.from_float(w, b), None)
+    runs int8 weights, on the native int8 kernel where it builds (`LONGHAUL_GEMM_PANEL` picks its
+    panel width as for fp32); None stays None."""
+    if w is None:
+        return None, b
+    lin = Int8Linear.from_float(w, b)
+    kernel = native() if w.device.type == "cpu" else None
+    return (lin if kernel is None else lin.use_native(kernel, panel_width())), None
 
 
 def quantize_weights(target, lm_head: bool = False, skip: tuple[str, ...] = ()):

@@ -40,7 +40,7 @@ DEAD_LOCK_S = 120.0  # torch's lock file this old, seen by the flock's holder, h
 
 
 def _unavailable(why: str) -> None:
-    print(f"longhaul: native fp32 decode kernels off ({why}); using torch's ops", file=sys.stderr)
+    print(f"longhaul: native decode kernels off ({why}); using torch's ops", file=sys.stderr)
 
 
 def _missing_requirement() -> str | None:
@@ -87,7 +87,7 @@ def native():
 
         out.mkdir(parents=True, exist_ok=True)
         if not any(out.glob("*.so")):
-            print(f"longhaul: building the fp32 decode kernels into {out} (once, about a minute)", file=sys.stderr, flush=True)
+            print(f"longhaul: building the native decode kernels into {out} (once, about a minute)", file=sys.stderr, flush=True)
         with _builder(out):
             module = load(name="longhaul_cpu_kernels", sources=[str(s) for s in _own_copy(out)], build_directory=str(out),
                           extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)

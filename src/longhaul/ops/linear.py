@@ -19,10 +19,16 @@ the 2-core AVX2 EPYC, all of SmolLM2-135M's linears (538 MB): 33 vs 57 ms at bat
 at batch 8, 55 vs 88 at 16, equal at 32-44, 12% slower from 64 rows (prefill chunks). Results
 are plain fp32 FMA sums in k order (~1e-6 relative to fp64 at K = 1,536).
 
+`SmallBatchLinearBF16` does the same for bf16 weights (`csrc/small_gemm_bf16.cpp`): k-pair panels
+for AVX512-BF16 dot products (`dp`) where the CPU has them, else 8-wide panels widened to fp32 on
+AVX2 (`widen`); calls of more than `ROWS` rows go to a oneDNN-packed copy (AMX or AVX512-BF16
+GEMM), so prefill keeps oneDNN's speed. Results: fp32 sums of the bf16 products, rounded to bf16
+once.
+
 `LONGHAUL_GEMM_PANEL=8` (read by `pack`, so set it before the engine packs its weights) makes an
-AVX-512 CPU use the 8-output AVX2 panels, the path an AVX2-only CPU takes (the tests run both
-widths on one host this way); `16` asks for the AVX-512 panels and fails where the CPU lacks
-AVX-512; unset, `pack` takes the widest panel this CPU runs. bf16 weights pack only where
+AVX-512 CPU use the 8-output AVX2 panels, fp32 and bf16, the paths an AVX2-only CPU takes (the
+tests run both on one host this way); `16` asks for the AVX-512 panels (and the AVX512-BF16 ones
+for bf16) and fails where the CPU lacks them; unset, `pack` takes the widest this CPU runs. bf16 weights pack only where
 oneDNN has a bf16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); on an AVX2-only CPU `pack` keeps
 the plain weight for `F.linear`.
 """
@@ -94,6 +100,41 @@ class SmallBatchLinear:
         return y.view(*x.shape[:-1], self.out_features)
 
 
+class SmallBatchLinearBF16:
+    """A bf16 weight (M, K) in the native kernel's bf16 panels (`csrc/small_gemm_bf16.cpp`: k-pair
+    panels for AVX512-BF16 dot products, else 8-wide panels widened to fp32 on AVX2), for calls of
+    up to `ROWS` rows; larger calls (prefill chunks) go to a oneDNN-prepacked copy, which uses AMX
+    or AVX512-BF16 GEMM and reads each weight once for many rows. Both copies are kept: twice the
+    weight memory of a plain bf16 linear. Output bf16, rounded once from fp32 sums.
+    """
+
+    ROWS = 16
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel, kind: str = ""):
+        self.out_features, self.in_features = weight.shape
+        self.dtype = weight.dtype
+        self._kernel = kernel
+        self.weight = kernel.pack_bf16(weight, kind)
+        self.bias = torch.empty(0) if bias is None else bias.detach().contiguous()
+        try:
+            self.large = PackedLinear(weight, bias)
+        except RuntimeError:  # a build without the oneDNN linear ops: the kernel takes every call
+            self.large = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] > self.ROWS and self.large is not None:
+            return self.large(x)
+        y = self._kernel.mm_bf16(rows, self.weight, self.out_features, self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def bf16_kind() -> str:
+    """The bf16 packing `pack` asks for: `LONGHAUL_GEMM_PANEL` 8 forces the AVX2 path (`widen`), 16
+    the AVX512-BF16 one (`dp`); unset, the best this CPU runs."""
+    return {0: "", 8: "widen", 16: "dp"}[panel_width()]
+
+
 def panel_width() -> int:
     """The small-batch GEMM panel width `pack` asks for: `LONGHAUL_GEMM_PANEL` (8 or 16), else 0
     (the widest this CPU runs)."""
@@ -116,6 +157,12 @@ def pack(w: torch.Tensor | None, b: torch.Tensor | None = None, few_rows: bool =
         kernel = native()
         if kernel is not None:
             return SmallBatchLinear(w, b, kernel, panel_width()), None
+    if few_rows and w.dtype == torch.bfloat16:
+        kernel = native()
+        if kernel is not None:
+            kind = bf16_kind() or ("dp" if kernel.has_avx512_bf16() and w.shape[1] % 2 == 0 else "widen")
+            if kind == "widen" or w.shape[1] % 2 == 0:  # dp reads k in pairs
+                return SmallBatchLinearBF16(w, b, kernel, kind), None
     try:
         return PackedLinear(w, b), None
     except RuntimeError:  # a build without the oneDNN linear ops

@@ -22,7 +22,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
+
+#include "panels.h"
 
 namespace {
 
@@ -114,14 +115,7 @@ torch::Tensor pack(const torch::Tensor& w, int64_t nr) {
   auto out = torch::zeros({G, K, nr}, wc.options());
   const float* src = wc.data_ptr<float>();
   float* dst = out.data_ptr<float>();
-  at::parallel_for(0, G, 16, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g)
-      for (int64_t j = 0; j < nr && g * nr + j < N; ++j) {
-        const float* r = src + (g * nr + j) * K;
-        float* d = dst + g * K * nr + j;
-        for (int64_t k = 0; k < K; ++k) d[k * nr] = r[k];
-      }
-  });
+  pack_panels(src, dst, N, K, nr);
   return out;
 }
 
@@ -129,29 +123,12 @@ torch::Tensor pack(const torch::Tensor& w, int64_t nr) {
 static void mm_rows(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias, torch::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1), G = wp.size(0), nr = wp.size(2);
   const PanelFn* panels = nr == NR16 ? kPanels16 : kPanels;
-  if (M == 0) return;
   const float* xp = x.data_ptr<float>();
   const float* w = wp.data_ptr<float>();
   const float* b = bias.numel() ? bias.data_ptr<float>() : nullptr;
   float* yp = y.data_ptr<float>();
-  auto run = [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      const int nc = static_cast<int>(std::min<int64_t>(nr, N - g * nr));
-      for (int64_t m = 0; m < M; m += 8) {
-        const int mr = static_cast<int>(std::min<int64_t>(8, M - m));
-        panels[mr](xp + m * K, K, w + g * K * nr, b ? b + g * nr : nullptr, yp + m * N + g * nr, N, nc);
-      }
-    }
-  };
-  const int threads = at::get_num_threads();
-  const int64_t chunk = std::max<int64_t>(1, G / (8 * threads));
-  if (threads == 1 || G <= chunk) {
-    run(0, G);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t g0; (g0 = next.fetch_add(chunk)) < G;) run(g0, std::min(G, g0 + chunk));
+  run_panels(G, M, nr, N, [&](int64_t g, int64_t m, int mr, int nc) {
+    panels[mr](xp + m * K, K, w + g * K * nr, b ? b + g * nr : nullptr, yp + m * N + g * nr, N, nc);
   });
 }
 

@@ -1,0 +1,48 @@
+// The loop every small-batch GEMM kernel shares: panels of `nr` outputs, rows in blocks of up to
+// 8 (one register accumulator each), threads taking panel chunks from a shared counter so a thread
+// slowed by another process does not hold the call back.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+// W (N, K) row-major -> dst (ceil(N / nr), K, nr): panel g holds outputs g*nr .. g*nr+nr-1, each k's
+// nr weights side by side; dst must be zeroed (the last panel's missing outputs stay 0).
+template <class T>
+void pack_panels(const T* src, T* dst, int64_t N, int64_t K, int64_t nr) {
+  const int64_t G = (N + nr - 1) / nr;
+  at::parallel_for(0, G, 16, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t j = 0; j < nr && g * nr + j < N; ++j) {
+        const T* r = src + (g * nr + j) * K;
+        T* d = dst + g * K * nr + j;
+        for (int64_t k = 0; k < K; ++k) d[k * nr] = r[k];
+      }
+  });
+}
+
+// Calls panel(g, m, mr, nc) for every panel g of the G (nc: its real outputs, <= nr; N in all)
+// and every block of mr <= 8 rows starting at row m of the M.
+template <class Panel>
+void run_panels(int64_t G, int64_t M, int64_t nr, int64_t N, Panel panel) {
+  if (M == 0) return;
+  auto run = [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int nc = static_cast<int>(std::min<int64_t>(nr, N - g * nr));
+      for (int64_t m = 0; m < M; m += 8) panel(g, m, static_cast<int>(std::min<int64_t>(8, M - m)), nc);
+    }
+  };
+  const int threads = at::get_num_threads();
+  const int64_t chunk = std::max<int64_t>(1, G / (8 * threads));
+  if (threads == 1 || G <= chunk) {
+    run(0, G);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t g0; (g0 = next.fetch_add(chunk)) < G;) run(g0, std::min(G, g0 + chunk));
+  });
+}
