@@ -57,7 +57,8 @@ def test_calls_of_many_rows_go_to_onednn_and_agree(native):
     lin = SmallBatchLinearBF16(w, b, native)
     x = torch.randn(2, 40, 64).bfloat16()  # 80 rows: the prefill shape
     got = lin(x)
-    assert got.shape == (2, 40, 96) and isinstance(lin.large, PackedLinear)
+    # oneDNN packs bf16 only where it has a bf16 path (not on an AVX2-only CPU): there the kernel takes every call
+    assert got.shape == (2, 40, 96) and (lin.large is None or isinstance(lin.large, PackedLinear))
     torch.testing.assert_close(got.float(), F.linear(x.float(), w.float(), b.float()), rtol=2e-2, atol=2e-2)
     assert lin(torch.randn(0, 64).bfloat16()).shape == (0, 96)
 
@@ -77,4 +78,4 @@ def test_pack_picks_the_bf16_kernel_for_decode_weights(native, monkeypatch):
         with pytest.raises(RuntimeError, match="needs AVX512-BF16"):
             pack(w)
     monkeypatch.delenv("LONGHAUL_GEMM_PANEL")
-    assert isinstance(pack(w, few_rows=False)[0], PackedLinear)  # big forwards keep oneDNN
+    assert not isinstance(pack(w, few_rows=False)[0], SmallBatchLinearBF16)  # big forwards keep oneDNN (or F.linear)
