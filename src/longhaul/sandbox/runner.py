@@ -23,6 +23,7 @@ from typing import Callable
 
 from longhaul.sandbox import procs
 from longhaul.sandbox.spec import ExecResult, LimitHit, SandboxSpec
+from longhaul.sandbox.storage import wait_s
 
 
 @dataclass
@@ -138,7 +139,7 @@ def _drain(proc, launch: Launch, spec: SandboxSpec, stdin: bytes | None, deadlin
             if watch is not None and watch.over():
                 hit = "fsize"
                 break
-            for key, _ in sel.select(timeout=min(left, 0.5 if watch is None else max(0.005, watch.due()))):
+            for key, _ in sel.select(timeout=wait_s(watch, left, 0.5)):
                 if key.fileobj == exited:
                     sel.unregister(exited)
                     launch.after_exit(proc.pid, False)

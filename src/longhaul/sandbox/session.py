@@ -12,6 +12,7 @@ import uuid
 
 from longhaul.sandbox import procs
 from longhaul.sandbox.spec import ExecResult
+from longhaul.sandbox.storage import wait_s
 
 
 def _comm(pid: int) -> str:
@@ -95,7 +96,7 @@ class Session:
         while True:
             left = deadline - time.monotonic()
             with self._cond:
-                if self._cond.wait_for(done, timeout=max(0.0, left if watch is None else min(left, max(0.005, watch.due())))):
+                if self._cond.wait_for(done, timeout=wait_s(watch, left, left)):
                     break
             if time.monotonic() >= deadline:
                 hit = "wall"

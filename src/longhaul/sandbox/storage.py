@@ -74,3 +74,9 @@ class StorageWatch:
         self._cost = time.monotonic() - now
         self._next = time.monotonic() + self._wait()
         return used > self.limit
+
+
+def wait_s(watch: StorageWatch | None, left: float, idle: float) -> float:
+    """How long a watchdog may block before its next look: until the deadline `left` seconds away,
+    at most `idle`, and no later than `watch`'s next sample when there is a watch."""
+    return max(0.0, min(left, idle if watch is None else max(0.005, watch.due())))
