@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from longhaul.ops import kernels
 from longhaul.inference.kv_cache import KVCache
 from longhaul.ops.linear import SmallBatchLinear, pack
-from longhaul.inference.model_runner import BatchItem, ModelRunner
 from longhaul.models import load_policy
+from tests.ops.conftest import cache_with, runner_pair
 
 
 @pytest.fixture(params=[8, 16], ids=["avx2-panels", "avx512-panels"])
@@ -144,26 +144,10 @@ def test_onednn_linear_equals_fp64_matmul_on_each_cpu_path(isa, needs):
             assert packed, case
 
 
-def _cache_with(lens, hkv, d, block_size=4, seed=0):
-    """A KV cache holding random K/V for sequences of `lens` tokens in scattered blocks."""
-    gen = torch.Generator().manual_seed(seed)
-    per = [-(-n // block_size) for n in lens]
-    kv = KVCache(1, sum(per) + 3, block_size, hkv, d)
-    kv.k.copy_(torch.randn(kv.k.shape, generator=gen))
-    kv.v.copy_(torch.randn(kv.v.shape, generator=gen))
-    blocks = torch.randperm(kv.num_blocks, generator=gen).tolist()
-    tables, at = [], 0
-    for p in per:
-        tables.append(blocks[at:at + p])
-        at += p
-    nb = max(per)
-    return kv, torch.tensor([t + [0] * (nb - len(t)) for t in tables]), torch.tensor(lens)
-
-
 @pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 4, 16), (6, 2, 12)])
 def test_decode_attention_equals_sdpa_over_the_gathered_cache(native, hq, hkv, d):
     lens = [1, 5, 17, 4, 32]
-    kv, tables, ctx = _cache_with(lens, hkv, d, seed=hq + d)
+    kv, tables, ctx = cache_with(lens, hkv, d, seed=hq + d)
     q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(hq * d))  # seeded: the same check every run
     got = native.decode_attention(q, kv.k[0], kv.v[0], tables, ctx, kv.block_size, d ** -0.5)
     k, v = kv.gather(0, tables)  # (B, L, Hkv, D)
@@ -176,7 +160,7 @@ def test_decode_attention_equals_sdpa_over_the_gathered_cache(native, hq, hkv, d
 
 
 def test_decode_attention_refuses_a_length_past_its_blocks(native):
-    kv, tables, ctx = _cache_with([3, 5], 2, 8)
+    kv, tables, ctx = cache_with([3, 5], 2, 8)
     with pytest.raises(RuntimeError, match="context length exceeds"):
         native.decode_attention(torch.randn(2, 2, 8), kv.k[0], kv.v[0], tables, ctx + 100, kv.block_size, 1.0)
 
@@ -194,24 +178,7 @@ def test_runner_logits_with_and_without_the_kernels_agree(native, panel_width, m
     rounding, with the GEMM's AVX2 panels on every host and its AVX-512 ones where they run."""
     monkeypatch.setenv("LONGHAUL_GEMM_PANEL", str(panel_width))
     model, _ = load_policy(name)
-    runners = []
-    for use in (True, False):
-        kv = KVCache(model.config.num_hidden_layers, 16, 4, model.config.num_key_value_heads,
-                     model.config.hidden_size // model.config.num_attention_heads)
-        r = ModelRunner(model, kv)
-        if not use:
-            r.native = None
-            r.pack_weights(lambda w, b: pack(w, b, few_rows=False))
-        runners.append(r)
-    prompts = [[5, 9, 2, 7, 1, 3], [4, 4, 8], [11, 2, 6, 6, 6, 1, 9, 10, 3]]
-    tables = [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
-    outs = []
-    for r in runners:
-        got = [r.forward(r.prepare([BatchItem(p, 0, t) for p, t in zip(prompts, tables)]))]
-        for step in range(3):
-            items = [BatchItem([(7 * step + i) % 50 + 1], len(p) + step, t) for i, (p, t) in enumerate(zip(prompts, tables))]
-            got.append(r.forward(r.prepare(items)))
-        outs.append(torch.cat(got))
+    runners, outs = runner_pair(model, torch.float32)
     assert runners[0].native is not None and runners[1].native is None
     assert {e[1].weight.shape[2] for e in runners[0]._exec} == {panel_width}  # the qkv projections
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)

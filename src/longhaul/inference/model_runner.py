@@ -4,7 +4,7 @@ Owns the weights (copied out of the HF model into plain tensors: q/k/v fused int
 gate/up into another, nothing shared with the HF module), the forward over a flat batch of new
 tokens (every sequence's new tokens laid end to end, no padding in the linear layers),
 attention over the paged cache with PyTorch SDPA, and logits at the requested positions only.
-In fp32 on a CPU where `kernels.native()` builds, decode attention reads the blocks in place
+In fp32 or bf16 on a CPU where `kernels.native()` builds, decode attention reads the blocks in place
 (`decode_attention`, no gather or mask), RoPE and the cache write are one pass
 (`rope_and_cache`), RMSNorm is the native one and the linears are its small-batch GEMM
 (`linear.pack`); prefill chunks keep SDPA.
@@ -101,8 +101,8 @@ class ModelRunner:
         self.group = self.num_heads // self.num_kv_heads
         self.eps = cfg.rms_norm_eps
         self.rope = Rope(cfg, device=self.device, max_positions=max(max_positions or 0, cfg.max_position_embeddings))
-        self.native = None  # fp32 on CPU: the native decode kernels (`kernels.native`), when they build here
-        if dtype == torch.float32 and self.device.type == "cpu":
+        self.native = None  # fp32 or bf16 on CPU: the native decode kernels (`kernels.native`), when they build here
+        if dtype in (torch.float32, torch.bfloat16) and self.device.type == "cpu":
             self.native = native()
         self._load(dict(model.state_dict()))
         self.pack_weights()
@@ -255,7 +255,7 @@ class ModelRunner:
             h = h + linear(self.attention(i, q, batch), o_w, o_b, outs[1])
             x = self._rms_norm(h, ln2)
             gate, up = linear(x, gu_w, gu_b, outs[2]).chunk(2, dim=-1)
-            act = self.native.swiglu(gate, up) if self.native is not None and gate.dtype == torch.float32 else F.silu(gate) * up
+            act = self.native.swiglu(gate, up) if self.native is not None and gate.dtype == self.dtype else F.silu(gate) * up
             h = h + linear(act, down_w, down_b, outs[3])
         h = self._rms_norm(h.index_select(0, batch.logits_indices), self.norm)
         logits = linear(h, self._lm_head).float()
@@ -265,8 +265,8 @@ class ModelRunner:
 
     def _native_cache(self) -> bool:
         """True when the native kernels may read and write the cache's storage directly (the
-        plain fp32 pool; a quantized cache keeps its own write and gather)."""
-        return self.native is not None and type(self.kv) is KVCache and self.kv.dtype == torch.float32
+        plain pool in the runner's dtype; a quantized cache keeps its own write and gather)."""
+        return self.native is not None and type(self.kv) is KVCache and self.kv.dtype == self.dtype
 
     def _rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if self.native is not None:

@@ -1,4 +1,6 @@
-// fp32 decode-step ops beside the matmuls: paged attention and RMSNorm, on AVX2 + FMA CPUs.
+// Decode-step ops beside the matmuls: paged attention, RMSNorm, RoPE with the cache write, on
+// AVX2 + FMA CPUs, for fp32 and bf16 tensors (one template; bf16 values are widened to fp32 on
+// load, all arithmetic is fp32, results are rounded to bf16 once, where HF rounds, on store).
 //
 // In a decode step each op sees a handful of rows, so torch's per-op cost (dispatch, the
 // gather of a sequence's K/V blocks into a padded copy, a mask, SDPA's setup) outweighs the
@@ -13,15 +15,21 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "bf16.h"
 #include "vec_math.h"
 
 namespace {
 
+using longhaul::bf16;
 using longhaul::exp256;
 using longhaul::hmax;
 using longhaul::hsum;
+using longhaul::load8;
+using longhaul::store8;
+using longhaul::to_f;
 
 inline float dot(const float* a, const float* b, int64_t n) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
@@ -36,19 +44,31 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// q (fp32) . k (fp32 or bf16) for one key of n values.
+template <class T>
+inline float dot_key(const float* q, const T* k, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), acc);
+  float s = hsum(acc);
+  for (; i < n; ++i) s += q[i] * to_f(k[i]);
+  return s;
+}
+
 // q . k for 8 keys at once (D a multiple of 8): one accumulator a key, reduced together.
-inline __m256 dot8(const float* q, const float* const* k, int64_t D) {
+template <class T>
+inline __m256 dot8(const float* q, const T* const* k, int64_t D) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   for (int64_t i = 0; i < D; i += 8) {
     const __m256 qv = _mm256_loadu_ps(q + i);
-    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + i), a0);
-    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + i), a1);
-    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + i), a2);
-    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + i), a3);
-    a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[4] + i), a4);
-    a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[5] + i), a5);
-    a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[6] + i), a6);
-    a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[7] + i), a7);
+    a0 = _mm256_fmadd_ps(qv, load8(k[0] + i), a0);
+    a1 = _mm256_fmadd_ps(qv, load8(k[1] + i), a1);
+    a2 = _mm256_fmadd_ps(qv, load8(k[2] + i), a2);
+    a3 = _mm256_fmadd_ps(qv, load8(k[3] + i), a3);
+    a4 = _mm256_fmadd_ps(qv, load8(k[4] + i), a4);
+    a5 = _mm256_fmadd_ps(qv, load8(k[5] + i), a5);
+    a6 = _mm256_fmadd_ps(qv, load8(k[6] + i), a6);
+    a7 = _mm256_fmadd_ps(qv, load8(k[7] + i), a7);
   }
   // pairwise sums: lane j of the result is key j's dot product
   const __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
@@ -57,49 +77,27 @@ inline __m256 dot8(const float* q, const float* const* k, int64_t D) {
 }
 
 // o (DV * 8,) = sum_p w[p] v[slot[p]], the accumulators held in registers.
-template <int DV>
-inline void weighted_sum(const float* w, const int64_t* slot, int64_t L, const float* v, float* o) {
+template <int DV, class T>
+inline void weighted_sum(const float* w, const int64_t* slot, int64_t L, const T* v, T* o) {
   __m256 acc[DV];
 #pragma GCC unroll 16
   for (int i = 0; i < DV; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t p = 0; p < L; ++p) {
-    const float* vv = v + slot[p] * DV * 8;
+    const T* vv = v + slot[p] * DV * 8;
     const __m256 a = _mm256_set1_ps(w[p]);
 #pragma GCC unroll 16
-    for (int i = 0; i < DV; ++i) acc[i] = _mm256_fmadd_ps(a, _mm256_loadu_ps(vv + 8 * i), acc[i]);
+    for (int i = 0; i < DV; ++i) acc[i] = _mm256_fmadd_ps(a, load8(vv + 8 * i), acc[i]);
   }
 #pragma GCC unroll 16
-  for (int i = 0; i < DV; ++i) _mm256_storeu_ps(o + 8 * i, acc[i]);
+  for (int i = 0; i < DV; ++i) store8(o + 8 * i, acc[i]);
 }
 
-}  // namespace
-
-// q (B, Hq, D); k_cache, v_cache (slots, Hkv, D) of one layer; block_tables (B, nb) int64;
-// context_lens (B,) int64: attend to positions [0, len) -> (B, Hq, D).
-torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                               const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
-                               double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, "decode_attention: q must be (B, Hq, D) fp32");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == at::kFloat &&
-              v_cache.scalar_type() == at::kFloat, "decode_attention: the cache must be contiguous fp32");
-  const auto qc = q.contiguous();
-  const auto bt = block_tables.to(at::kLong).contiguous();
-  const auto lens = context_lens.to(at::kLong).contiguous();
-  const int64_t B = qc.size(0), Hq = qc.size(1), D = qc.size(2), Hkv = k_cache.size(1), nb = bt.size(1);
-  TORCH_CHECK(k_cache.size(2) == D && Hq % Hkv == 0, "decode_attention: head sizes do not match the cache");
+template <class T>
+void attention_impl(const T* qp, const T* kp, const T* vp, const int64_t* btp, const int64_t* lp, T* op, int64_t B,
+                    int64_t Hq, int64_t Hkv, int64_t D, int64_t nb, int64_t block_size, float sc) {
   const int64_t G = Hq / Hkv;
-  auto out = torch::zeros_like(qc);
-  const float* qp = qc.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
-  const int64_t* btp = bt.data_ptr<int64_t>();
-  const int64_t* lp = lens.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-  const float sc = static_cast<float>(scale);
-  for (int64_t b = 0; b < B; ++b)  // checked here: an error cannot leave a parallel region
-    TORCH_CHECK(lp[b] >= 0 && lp[b] <= nb * block_size, "decode_attention: a context length exceeds its block table");
   at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> w;
+    std::vector<float> w, qf(D), of;
     std::vector<int64_t> slot;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / Hkv, h = t % Hkv, L = lp[b];
@@ -110,7 +108,9 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
           slot[p] = s0 + j * Hkv;
       w.resize(G * L);
       for (int64_t g = 0; g < G; ++g) {
-        const float* qv = qp + (b * Hq + h * G + g) * D;
+        const T* qrow = qp + (b * Hq + h * G + g) * D;
+        for (int64_t i = 0; i < D; ++i) qf[i] = to_f(qrow[i]);
+        const float* qv = qf.data();
         float* wg = w.data() + g * L;
         float mx = -INFINITY;
         int64_t p0 = 0;
@@ -118,7 +118,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
           const __m256 scv = _mm256_set1_ps(sc);
           __m256 mx8 = _mm256_set1_ps(-INFINITY);
           for (; p0 + 8 <= L; p0 += 8) {
-            const float* keys[8];
+            const T* keys[8];
             for (int j = 0; j < 8; ++j) keys[j] = kp + slot[p0 + j] * D;
             const __m256 s8 = _mm256_mul_ps(dot8(qv, keys, D), scv);
             _mm256_storeu_ps(wg + p0, s8);
@@ -127,7 +127,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
           mx = hmax(mx8);
         }
         for (int64_t p = p0; p < L; ++p) {
-          wg[p] = dot(qv, kp + slot[p] * D, D) * sc;
+          wg[p] = dot_key(qv, kp + slot[p] * D, D) * sc;
           mx = std::max(mx, wg[p]);
         }
         float sum = 0.f;
@@ -149,81 +149,155 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
       }
       // out[g] = sum_p w[g][p] v[p], in registers when D is 64 or 128
       for (int64_t g = 0; g < G; ++g) {
-        float* o = op + (b * Hq + h * G + g) * D;
+        T* o = op + (b * Hq + h * G + g) * D;
         const float* wg = w.data() + g * L;
         if (D == 64) {
           weighted_sum<8>(wg, slot.data(), L, vp, o);
         } else if (D == 128) {
           weighted_sum<16>(wg, slot.data(), L, vp, o);
         } else {
+          of.assign(D, 0.f);
           for (int64_t p = 0; p < L; ++p)
-            for (int64_t i = 0; i < D; ++i) o[i] += wg[p] * vp[slot[p] * D + i];
+            for (int64_t i = 0; i < D; ++i) of[i] += wg[p] * to_f(vp[slot[p] * D + i]);
+          for (int64_t i = 0; i < D; ++i) o[i] = static_cast<T>(of[i]);
         }
       }
     }
   });
+}
+
+// RMSNorm of one row: fp32 as HF computes it in fp32; bf16 as HF's LlamaRMSNorm does in bf16,
+// w * bf16(x * r), rounded twice.
+template <class T>
+inline void rms_row(const T* x, const T* w, T* y, int64_t E, float eps) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= E; i += 8) {
+    const __m256 v = load8(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  float ss = hsum(acc);
+  for (int64_t j = i; j < E; ++j) ss += to_f(x[j]) * to_f(x[j]);
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(E) + eps);
+  const __m256 iv = _mm256_set1_ps(inv);
+  i = 0;
+  for (; i + 8 <= E; i += 8) {
+    __m256 n = _mm256_mul_ps(load8(x + i), iv);
+    if (std::is_same<T, bf16>::value) n = longhaul::as_bf16(n);
+    store8(y + i, _mm256_mul_ps(load8(w + i), n));
+  }
+  for (; i < E; ++i) y[i] = static_cast<T>(to_f(w[i]) * longhaul::rounded<T>(to_f(x[i]) * inv));
+}
+
+template <class T>
+void rope_cache_impl(const T* xp, const T* cp, const T* snp, T* qp, T* kc, T* vc, const int64_t* sp, int64_t N, int64_t H,
+                     int64_t Hq, int64_t Hkv, int64_t D) {
+  const int64_t half = D / 2;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    std::vector<float> c(D), s(D);
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t i = 0; i < D; ++i) c[i] = to_f(cp[n * D + i]), s[i] = to_f(snp[n * D + i]);
+      for (int64_t h = 0; h < Hq + Hkv; ++h) {
+        const T* in = xp + (n * H + h) * D;
+        T* out = h < Hq ? qp + (n * Hq + h) * D : kc + (sp[n] * Hkv + (h - Hq)) * D;
+        int64_t i = 0;
+        if (half % 8 == 0)
+          for (; i < half; i += 8) {
+            const __m256 a = load8(in + i), b = load8(in + i + half);
+            store8(out + i, _mm256_fmsub_ps(a, _mm256_loadu_ps(&c[i]), _mm256_mul_ps(b, _mm256_loadu_ps(&s[i]))));
+            store8(out + i + half,
+                   _mm256_fmadd_ps(b, _mm256_loadu_ps(&c[i + half]), _mm256_mul_ps(a, _mm256_loadu_ps(&s[i + half]))));
+          }
+        for (; i < half; ++i) {
+          const float a = to_f(in[i]), b = to_f(in[i + half]);
+          out[i] = static_cast<T>(a * c[i] - b * s[i]);
+          out[i + half] = static_cast<T>(b * c[i + half] + a * s[i + half]);
+        }
+      }
+      std::copy(xp + (n * H + Hq + Hkv) * D, xp + (n * H + H) * D, vc + sp[n] * Hkv * D);
+    }
+  });
+}
+
+bool fp32_or_bf16(const torch::Tensor& t) { return t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16; }
+
+}  // namespace
+
+// q (B, Hq, D); k_cache, v_cache (slots, Hkv, D) of one layer; block_tables (B, nb) int64;
+// context_lens (B,) int64: attend to positions [0, len) -> (B, Hq, D). q and the cache share
+// one dtype, fp32 or bf16; the output has it too.
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                               const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
+                               double scale) {
+  TORCH_CHECK(q.dim() == 3 && fp32_or_bf16(q), "decode_attention: q must be (B, Hq, D) fp32 or bf16");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == q.scalar_type() &&
+              v_cache.scalar_type() == q.scalar_type(), "decode_attention: the cache must be contiguous, of q's dtype");
+  const auto qc = q.contiguous();
+  const auto bt = block_tables.to(at::kLong).contiguous();
+  const auto lens = context_lens.to(at::kLong).contiguous();
+  const int64_t B = qc.size(0), Hq = qc.size(1), D = qc.size(2), Hkv = k_cache.size(1), nb = bt.size(1);
+  TORCH_CHECK(k_cache.size(2) == D && Hq % Hkv == 0, "decode_attention: head sizes do not match the cache");
+  auto out = torch::zeros_like(qc);
+  const int64_t* btp = bt.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)  // checked here: an error cannot leave a parallel region
+    TORCH_CHECK(lp[b] >= 0 && lp[b] <= nb * block_size, "decode_attention: a context length exceeds its block table");
+  const float sc = static_cast<float>(scale);
+  if (qc.scalar_type() == at::kFloat)
+    attention_impl(qc.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), btp, lp,
+                   out.data_ptr<float>(), B, Hq, Hkv, D, nb, block_size, sc);
+  else
+    attention_impl(qc.data_ptr<bf16>(), k_cache.data_ptr<bf16>(), v_cache.data_ptr<bf16>(), btp, lp, out.data_ptr<bf16>(),
+                   B, Hq, Hkv, D, nb, block_size, sc);
   return out;
 }
 
-// x (N, E) fp32, weight (E,) -> weight * (x * rsqrt(mean(x^2) + eps)), as HF's LlamaRMSNorm.
+// x (N, E), weight (E,) of one dtype, fp32 or bf16 -> weight * (x * rsqrt(mean(x^2) + eps)), as
+// HF's LlamaRMSNorm (mean in fp32).
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat &&
-              weight.numel() == x.size(1), "rms_norm: x (N, E) and weight (E,) fp32");
+  TORCH_CHECK(x.dim() == 2 && fp32_or_bf16(x) && weight.scalar_type() == x.scalar_type() && weight.numel() == x.size(1),
+              "rms_norm: x (N, E) and weight (E,), both fp32 or both bf16");
   const auto xc = x.contiguous();
   const auto wc = weight.contiguous();
   const int64_t N = xc.size(0), E = xc.size(1);
   auto y = torch::empty_like(xc);
-  const float* xp = xc.data_ptr<float>();
-  const float* wp = wc.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
+  const float e = static_cast<float>(eps);
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
-      const float* r = xp + n * E;
-      const float inv = 1.f / std::sqrt(dot(r, r, E) / static_cast<float>(E) + static_cast<float>(eps));
-      float* o = yp + n * E;
-      for (int64_t i = 0; i < E; ++i) o[i] = wp[i] * (r[i] * inv);
+      if (xc.scalar_type() == at::kFloat)
+        rms_row(xc.data_ptr<float>() + n * E, wc.data_ptr<float>(), y.data_ptr<float>() + n * E, E, e);
+      else
+        rms_row(xc.data_ptr<bf16>() + n * E, wc.data_ptr<bf16>(), y.data_ptr<bf16>() + n * E, E, e);
     }
   });
   return y;
 }
 
-// qkv (N, Hq + 2 Hkv, D) fp32: RoPE on q and k by cos, sin (N, D) (HF's half-split rotation),
+// qkv (N, Hq + 2 Hkv, D): RoPE on q and k by cos, sin (N, D) (HF's half-split rotation),
 // rotated k and plain v stored at `slots` (N,) of one layer's k_cache, v_cache (slots, Hkv, D);
-// returns the rotated q (N, Hq, D).
+// returns the rotated q (N, Hq, D). All of one dtype, fp32 or bf16 (one rounding a value).
 torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                              torch::Tensor k_cache, torch::Tensor v_cache, const torch::Tensor& slots, int64_t Hq) {
-  TORCH_CHECK(qkv.dim() == 3 && qkv.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat &&
-              sin.scalar_type() == at::kFloat, "rope_and_cache: qkv (N, H, D), cos and sin fp32");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == at::kFloat &&
-              v_cache.scalar_type() == at::kFloat, "rope_and_cache: the cache must be contiguous fp32");
+  const auto dt = qkv.scalar_type();
+  TORCH_CHECK(qkv.dim() == 3 && fp32_or_bf16(qkv) && cos.scalar_type() == dt && sin.scalar_type() == dt,
+              "rope_and_cache: qkv (N, H, D), cos and sin of one dtype, fp32 or bf16");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == dt &&
+              v_cache.scalar_type() == dt, "rope_and_cache: the cache must be contiguous, of qkv's dtype");
   const auto x = qkv.contiguous();
   const auto c = cos.contiguous(), sn = sin.contiguous();
   const auto sl = slots.to(at::kLong).contiguous();
-  const int64_t N = x.size(0), H = x.size(1), D = x.size(2), Hkv = k_cache.size(1), S = k_cache.size(0), half = D / 2;
+  const int64_t N = x.size(0), H = x.size(1), D = x.size(2), Hkv = k_cache.size(1), S = k_cache.size(0);
   TORCH_CHECK(H == Hq + 2 * Hkv && k_cache.size(2) == D && D % 2 == 0 && c.size(0) == N && c.size(1) == D,
               "rope_and_cache: shapes do not match");
   const int64_t* sp = sl.data_ptr<int64_t>();
   for (int64_t n = 0; n < N; ++n) TORCH_CHECK(sp[n] >= 0 && sp[n] < S, "rope_and_cache: a slot is outside the cache");
   auto q = torch::empty({N, Hq, D}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* cp = c.data_ptr<float>();
-  const float* snp = sn.data_ptr<float>();
-  float* qp = q.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const float* cn = cp + n * D;
-      const float* sn_ = snp + n * D;
-      for (int64_t h = 0; h < Hq + Hkv; ++h) {
-        const float* in = xp + (n * H + h) * D;
-        float* out = h < Hq ? qp + (n * Hq + h) * D : kc + (sp[n] * Hkv + (h - Hq)) * D;
-        for (int64_t i = 0; i < half; ++i) out[i] = in[i] * cn[i] - in[i + half] * sn_[i];
-        for (int64_t i = half; i < D; ++i) out[i] = in[i] * cn[i] + in[i - half] * sn_[i];
-      }
-      std::copy(xp + (n * H + Hq + Hkv) * D, xp + (n * H + H) * D, vc + sp[n] * Hkv * D);
-    }
-  });
+  if (dt == at::kFloat)
+    rope_cache_impl(x.data_ptr<float>(), c.data_ptr<float>(), sn.data_ptr<float>(), q.data_ptr<float>(),
+                    k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), sp, N, H, Hq, Hkv, D);
+  else
+    rope_cache_impl(x.data_ptr<bf16>(), c.data_ptr<bf16>(), sn.data_ptr<bf16>(), q.data_ptr<bf16>(), k_cache.data_ptr<bf16>(),
+                    v_cache.data_ptr<bf16>(), sp, N, H, Hq, Hkv, D);
   return q;
 }
 

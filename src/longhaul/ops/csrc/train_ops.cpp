@@ -21,13 +21,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
+#include "bf16.h"
 #include "vec_math.h"
 
 namespace {
 
+using longhaul::bf16;
 using longhaul::exp256;
+using longhaul::load8;
+using longhaul::store8;
+using longhaul::to_f;
 
 void check_rows(const torch::Tensor& t, int64_t dims, const char* what) {
   TORCH_CHECK(t.dim() == dims && t.scalar_type() == at::kFloat && t.stride(dims - 1) == 1,
@@ -53,31 +59,43 @@ inline void rope_transpose(float* y, const float* c, const float* s, int64_t D) 
 
 }  // namespace
 
-// silu(gate) * up for gate, up (N, F) views (unit column stride) -> (N, F).
-torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
-  check_rows(gate, 2, "swiglu gate");
-  check_rows(up, 2, "swiglu up");
-  TORCH_CHECK(gate.sizes() == up.sizes(), "swiglu: gate and up differ in shape");
-  const int64_t N = gate.size(0), F = gate.size(1), gs = gate.stride(0), us = up.stride(0);
-  auto out = torch::empty({N, F}, gate.options());
-  const float* gp = gate.data_ptr<float>();
-  const float* upp = up.data_ptr<float>();
-  float* op = out.data_ptr<float>();
+// silu(gate) * up for gate, up (N, F) views (unit column stride) -> (N, F), fp32 or bf16 (bf16
+// as HF computes it in bf16: silu rounded, then the product rounded).
+template <class T>
+void swiglu_impl(const T* gp, const T* upp, T* op, int64_t N, int64_t F, int64_t gs, int64_t us) {
   at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) {
     const __m256 one = _mm256_set1_ps(1.f);
     for (int64_t n = n0; n < n1; ++n) {
-      const float* g = gp + n * gs;
-      const float* u = upp + n * us;
-      float* o = op + n * F;
+      const T* g = gp + n * gs;
+      const T* u = upp + n * us;
+      T* o = op + n * F;
       int64_t i = 0;
       for (; i + 8 <= F; i += 8) {
-        const __m256 x = _mm256_loadu_ps(g + i);
-        const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), x))));
-        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + i)));
+        const __m256 x = load8(g + i);
+        __m256 act = _mm256_div_ps(x, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+        if (std::is_same<T, bf16>::value) act = longhaul::as_bf16(act);
+        store8(o + i, _mm256_mul_ps(act, load8(u + i)));
       }
-      for (; i < F; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+      for (; i < F; ++i) {
+        const float x = to_f(g[i]);
+        o[i] = static_cast<T>(longhaul::rounded<T>(x / (1.f + std::exp(-x))) * to_f(u[i]));
+      }
     }
   });
+}
+
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
+  TORCH_CHECK(gate.dim() == 2 && up.dim() == 2 && gate.stride(1) == 1 && up.stride(1) == 1 &&
+              (gate.scalar_type() == at::kFloat || gate.scalar_type() == at::kBFloat16) &&
+              up.scalar_type() == gate.scalar_type(),
+              "swiglu: gate and up must be 2-D fp32 or bf16 views of one dtype with unit stride in the last dim");
+  TORCH_CHECK(gate.sizes() == up.sizes(), "swiglu: gate and up differ in shape");
+  const int64_t N = gate.size(0), F = gate.size(1), gs = gate.stride(0), us = up.stride(0);
+  auto out = torch::empty({N, F}, gate.options());
+  if (gate.scalar_type() == at::kFloat)
+    swiglu_impl(gate.data_ptr<float>(), up.data_ptr<float>(), out.data_ptr<float>(), N, F, gs, us);
+  else
+    swiglu_impl(gate.data_ptr<bf16>(), up.data_ptr<bf16>(), out.data_ptr<bf16>(), N, F, gs, us);
   return out;
 }
 
