@@ -8,6 +8,8 @@ import torch
 
 from longhaul.agent.single_turn import encode_prompt
 from longhaul.inference import RolloutParams, generate
+from longhaul.inference.model_runner import BatchItem
+from longhaul.inference.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +64,28 @@ def test_gguf_file_loads_and_caches(smollm2, tmp_path):
     with torch.no_grad():
         diff = (model(ids).logits - ref(ids).logits).abs().max().item()
     assert diff < 1e-4, f"max diff {diff}"
+
+
+def test_gguf_blocks_equal_the_dequantized_weights_and_the_engine_runs_them(smollm2):
+    """The shipped file's Q4_1 / Q8_0 blocks, read as stored, are exactly the weights transformers
+    dequantized from it (names, q/k row order), and an engine runs them (`quantization: gguf`)."""
+    from longhaul.inference import LLMEngine
+    from longhaul.inference.gguf_weights import read_blocks
+    from longhaul.inference.quant_blocks import dequantize
+    from longhaul.models import gguf_file
+
+    model, tok = smollm2
+    blocks = read_blocks(gguf_file("smollm2-135m-instruct"), model.config)
+    sd = model.state_dict()
+    assert {k for k, _, _, _ in blocks.values()} == {"q4_1", "q8_0"}
+    for name, (kind, u, d, m) in blocks.items():
+        assert torch.equal(dequantize(u, d, m, kind), sd.get(name, sd["model.embed_tokens.weight"])), name
+    ids = encode_prompt(tok, "What is the capital of France?")
+    last = []
+    for q in (None, "gguf"):
+        engine = LLMEngine("smollm2-135m-instruct", quantization=q)
+        out = engine.generate([ids], SamplingParams(temperature=0, max_tokens=8, logprobs=0))[0]
+        last.append(engine.runner.forward(engine.runner.prepare([BatchItem(ids, 0, [0, 1, 2])])))
+        assert len(out.token_ids) > 0
+    # the same weights; only the prompt's last row meets the int8 activation grid (in the LM head)
+    assert (last[0] - last[1]).abs().max() <= 0.02 * last[0].abs().max()

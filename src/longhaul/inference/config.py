@@ -28,7 +28,10 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens: int = Field(2048, ge=1)  # token budget a step; longer prompts are prefilled in chunks
     max_model_len: int | None = Field(None, ge=2)  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True  # RL groups share one prompt; the cache prefills it once
-    quantization: Literal["int8"] | None = None  # int8 weight-only projections (quant.py): half the weight bytes of bf16
+    # int8: per-output-channel int8 projections and LM head (quant.py), half the weight bytes of bf16;
+    # q8_0 / q4_0 / q4_1: llama.cpp's block formats quantized at load, LM head in q8_0 (quant_blocks.py);
+    # gguf: the block-quantized tensors of the model's own GGUF file, as stored (gguf_weights.py)
+    quantization: Literal["int8", "q8_0", "q4_0", "q4_1", "gguf"] | None = None
     kv_cache_dtype: Literal["auto", "int8", "int4"] = "auto"  # auto: the model dtype; int8/int4 codes via kv_quant.py
     adaptive_threads: bool = True  # time steps at fewer threads now and then and keep the fastest (threads.py): a shared machine
     seed: int = 0  # seeds requests that bring none (request i gets a seed derived from this and i)

@@ -44,13 +44,15 @@ from longhaul.inference.kv_cache import KVCache
 from longhaul.inference.kv_quant import kv_bytes_per_token, make_kv_cache
 from longhaul.inference.model_runner import BatchItem, ModelRunner
 from longhaul.inference.outputs import RequestOutput, output_of
+from longhaul.inference.gguf_weights import gguf_packer, read_blocks
 from longhaul.inference.quant import quantize_linear
+from longhaul.inference.quant_blocks import BlockLinear
 from longhaul.inference.sampling import SamplingParams, sample
 from longhaul.inference.scheduler import Scheduler
 from longhaul.inference.sequence import Sequence
 from longhaul.inference.spec_worker import SpecDecoder, SpeculativeConfig
 from longhaul.inference.threads import ThreadGovernor
-from longhaul.models import load_policy
+from longhaul.models import gguf_file, load_policy
 
 
 class LLMEngine:
@@ -71,8 +73,8 @@ class LLMEngine:
         self.kv = _make_kv_cache(cfg, mcfg, self.max_model_len)
         num_blocks = self.kv.num_blocks
         self.runner = ModelRunner(hf, self.kv, cfg.torch_dtype, cfg.device, max_positions=self.max_model_len)
-        if cfg.quantization == "int8":
-            self.runner.pack_weights(quantize_linear)
+        if cfg.quantization:
+            self.runner.pack_weights(*_packers(cfg, self.runner, model if isinstance(model, (str, Path)) else None))
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         self.vocab_size = self.runner.embed.shape[0]
@@ -252,6 +254,9 @@ class LLMEngine:
         update: no prefill again, but later tokens attend over the old weights' K/V, so none of
         their blocks enters the prefix cache; the log-probs recorded are still those the tokens
         were sampled with). Returns tensors loaded."""
+        if self.config.quantization == "gguf":
+            raise LonghaulError("this engine runs the weights of a GGUF file as stored and cannot load new ones; "
+                                "quantize at load instead (quantization q4_1, q4_0 or q8_0)")
         tensors = weights if isinstance(weights, dict) else _read_weights(Path(weights))
         with self._step_lock:
             loaded = self.runner.load_weights(tensors)
@@ -293,6 +298,22 @@ class LLMEngine:
             "num_recomputed_total": self.scheduler.num_recomputed_total,
             "weight_version": self.weight_version,
         }
+
+
+def _packers(cfg: EngineConfig, runner: ModelRunner, model: str | Path | None):
+    """(projection packer, LM head packer) for `cfg.quantization`."""
+    q, dtype = cfg.quantization, cfg.torch_dtype
+    if q == "int8":
+        return quantize_linear, quantize_linear
+    if q == "gguf":
+        path = gguf_file(str(model)) if model is not None else None
+        if path is None:
+            raise LonghaulError(f"quantization gguf needs a model loaded from a GGUF file, and {model or 'a model object'} is not; "
+                                f"pass a .gguf path or smollm2-135m-instruct, or quantize at load (q4_1, q4_0, q8_0)")
+        packer = gguf_packer(runner, read_blocks(path, runner.config), dtype)
+        return packer, packer
+    return ((lambda w, b: (BlockLinear.from_float(w, q, b, dtype), None)),
+            (lambda w, b: (BlockLinear.from_float(w, "q8_0", b, dtype), None)))  # llama.cpp's head format
 
 
 def _make_kv_cache(cfg: EngineConfig, mcfg, max_model_len: int) -> KVCache:

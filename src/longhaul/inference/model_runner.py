@@ -148,13 +148,14 @@ class ModelRunner:
             L.down, L.down_b = self._fuse(sd, m + "down_proj.weight"), self._fuse(sd, m + "down_proj.bias")
             self.layers.append(L)
 
-    def pack_weights(self, packer=None) -> None:
+    def pack_weights(self, packer=None, head_packer=None) -> None:
         """Build what the forward calls from the plain weights. `packer(w, b) -> (callable or
         tensor, bias left to add)` turns each projection into its executable form: by default
         `linear.pack` (the native or oneDNN-prepacked linears on CPU, the tensor itself otherwise), or e.g.
-        `quant.quantize_linear` for INT8 weight-only linears. The packer is kept, so
-        `load_weights` re-packs the same way. The lm_head always uses `linear.pack`."""
+        `quant.quantize_linear` for INT8 linears. `head_packer` does the same for the LM head
+        (default `linear.pack`). Both are kept, so `load_weights` re-packs the same way."""
         self._packer = packer = packer or getattr(self, "_packer", None) or pack
+        self._head_packer = head_packer = head_packer or getattr(self, "_head_packer", None) or pack
         self._exec = []
         for L in self.layers:
             qkv, qkv_b = packer(L.qkv, L.qkv_b)
@@ -162,7 +163,7 @@ class ModelRunner:
             gate_up, gate_up_b = packer(L.gate_up, L.gate_up_b)
             down, down_b = packer(L.down, L.down_b)
             self._exec.append((L.ln1, qkv, qkv_b, o, o_b, L.ln2, gate_up, gate_up_b, down, down_b))
-        self._lm_head = pack(self.lm_head)[0]
+        self._lm_head = head_packer(self.lm_head, None)[0]
 
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> int:

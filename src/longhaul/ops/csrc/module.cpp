@@ -9,8 +9,13 @@ torch::Tensor mm_into(const torch::Tensor& x, const torch::Tensor& wp, int64_t N
 bool has_avx512_bf16();
 torch::Tensor pack_bf16(const torch::Tensor& w, const std::string& kind);
 torch::Tensor mm_bf16(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias);
+bool has_avx512_vnni();
 torch::Tensor pack_int8(const torch::Tensor& codes, int64_t nr);
 torch::Tensor mm_int8(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, const torch::Tensor& bias);
+std::vector<torch::Tensor> pack_blocks(const torch::Tensor& codes, const torch::Tensor& d, const torch::Tensor& m,
+                                       int64_t bits, int64_t pad, int64_t nr);
+torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& d, const torch::Tensor& m,
+                        int64_t bits, int64_t offset, int64_t N, const torch::Tensor& bias);
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                                const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
                                double scale);
@@ -45,9 +50,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_bf16", &pack_bf16, "pack a bf16 weight (N, K): kind dp (AVX512-BF16), widen (AVX2) or empty (the best here)",
         py::arg("w"), py::arg("kind") = "");
   m.def("mm_bf16", &mm_bf16, "x (M, K) @ packed bf16 weight -> (M, N) bf16, plus an optional bias");
-  m.def("pack_int8", &pack_int8, "pack int8 weight codes (N, K) into 8- or 16-output panels (nr 0: the widest here)",
+  m.def("has_avx512_vnni", &has_avx512_vnni, "whether this CPU has AVX512-VNNI (the 16-wide int8 panels)");
+  m.def("pack_int8", &pack_int8, "pack int8 weight codes (N, K) into 8- or 16-output k-quad panels (nr 0: the widest here)",
         py::arg("codes"), py::arg("nr") = 0);
-  m.def("mm_int8", &mm_int8, "x (M, K) @ packed int8 codes, times per-output scales, plus an optional bias");
+  m.def("mm_int8", &mm_int8, "x (M, K), quantized per 32 values, @ packed int8 codes, times per-output scales, plus an optional bias");
+  m.def("pack_blocks", &pack_blocks, "pack block-quantized codes (N, K) and their fp16 scales (and minimums) into panels",
+        py::arg("codes"), py::arg("d"), py::arg("m"), py::arg("bits"), py::arg("pad"), py::arg("nr") = 0);
+  m.def("mm_blocks", &mm_blocks, "x (M, K), quantized per 32 values, @ packed Q8_0 / Q4_0 / Q4_1 blocks, plus an optional bias");
   m.def("decode_attention", &decode_attention, "one query token per sequence over the paged K/V cache");
   m.def("rms_norm", &rms_norm, "RMSNorm of rows, as HF's LlamaRMSNorm");
   m.def("rms_norm_backward", &rms_norm_backward, "the gradient of rms_norm: (dx, dweight)");
