@@ -9,7 +9,9 @@ T=1, tokens over the wall time of the whole call, prefill included, best of `--r
 pp512: a 512-token prompt prefilled (one new token), tokens/s. llama.cpp: the anchor script given
 by path (it builds llama.cpp, converts the same weights and runs llama-bench and
 llama-batched-bench with the same prompt length, 128 new tokens and the same thread count),
-right after ours. Matched precisions: bf16 - bf16, fp32 - F32, int8 (ours, weight-only) - Q8_0.
+right after ours. Matched precisions: bf16 - bf16, fp32 - F32, int8 (ours: per-channel scales) - Q8_0,
+q8_0 and q4_0 (llama.cpp's formats, quantized at load) - Q8_0 and Q4_0, gguf (the shipped Q4_1 file's
+blocks as stored) - Q4_1.
 
 llama.cpp's figures: batch 1/8/32 "incl. prefill" from llama-batched-bench (B x 128 over the whole
 run), pp512 and tg128 (batch 1, generation only) from llama-bench. `--llamacpp-json` takes the JSON
@@ -40,15 +42,20 @@ from longhaul.hardware import resolve_dtype
 from longhaul.inference.bench import _engine_generate, _timed, fib_prompts
 from longhaul.inference.engine import LLMEngine
 from longhaul.inference.quant import Int8Linear
+from longhaul.inference.quant_blocks import BlockLinear
 from longhaul.models import load_policy
 from longhaul.ops.linear import pack
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "decode.json"
 ANCHOR_WEIGHTS = {"bfloat16": "bf16", "float32": "f32", "int8": "q8_0",
+                  # llama.cpp's block formats: quantized at load from the fp32 weights (as llama-quantize
+                  # makes its Q8_0 and Q4_0 files), and `gguf`: the shipped Q4_1 file's blocks as stored
+                  "q8_0": "q8_0", "q4_0": "q4_0", "gguf": "q4_1",
                   # the engine without its native bf16 / int8 decode kernels (oneDNN's packed bf16 linears;
                   # torch's int8 weight-only matmul): what those kernels change, in the same sitting
                   "bfloat16-onednn": "bf16", "int8-torch": "q8_0"}
+QUANTIZED = ("int8", "int8-torch", "q8_0", "q4_0", "gguf")
 MODEL = "smollm2-135m-instruct"
 
 
@@ -63,22 +70,26 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     return x.numel() * 4 / best
 
 
-def weight_bytes(model, dtype: str) -> int:
-    """Bytes a decode step reads: every 2-D weight (the tied embedding once, as the LM head) in the
-    engine's format; int8 is one byte a weight plus an fp32 scale per output row."""
+def weight_bytes(engine) -> int:
+    """Bytes a decode step reads: every linear's weight in the engine's format (codes and scales
+    for the quantized ones) and the LM head."""
     total = 0
-    for p in {id(p): p for p in model.parameters() if p.dim() == 2}.values():
-        if dtype == "int8":
-            total += p.numel() + 4 * p.shape[0]
+    for w in [x for layer in engine.runner._exec for x in (layer[1], layer[3], layer[6], layer[8])] + [engine.runner._lm_head]:
+        if isinstance(w, BlockLinear):
+            total += w.weight_bytes()
+        elif isinstance(w, Int8Linear):
+            total += w.codes.numel() + 4 * w.out_features
         else:
-            total += p.numel() * (2 if dtype == "bfloat16" else 4)
+            n, k = (w.out_features, w.in_features) if hasattr(w, "out_features") else w.shape
+            total += n * k * engine.config.torch_dtype.itemsize
     return total
 
 
 def ours(dtype: str, sizes: list[int], repeats: int, log) -> dict:
     hf, tok = load_policy(MODEL)
-    quant = "int8" if dtype.startswith("int8") else None
-    engine = LLMEngine(hf, dtype=resolve_dtype("auto") if quant else dtype.split("-")[0], tokenizer=tok, quantization=quant)
+    quant = dtype.split("-")[0] if dtype in QUANTIZED else None
+    source = MODEL if quant == "gguf" else hf  # the file's blocks: the engine reads them by the model's name
+    engine = LLMEngine(source, dtype=resolve_dtype("auto") if quant else dtype.split("-")[0], tokenizer=tok, quantization=quant)
     if dtype == "bfloat16-onednn":
         engine.runner.pack_weights(lambda w, b: pack(w, b, few_rows=False))
         engine.runner._lm_head = pack(engine.runner.lm_head, few_rows=False)[0]
@@ -95,7 +106,7 @@ def ours(dtype: str, sizes: list[int], repeats: int, log) -> dict:
     _, t = _timed(lambda: _engine_generate(engine, [long], 1, 0), repeats, engine.flush_prefix_cache)
     out["pp512"] = round(512 / t, 1)
     log(f"ours {dtype} pp512: {512 / t:.1f} tok/s")
-    out["weight_bytes"] = weight_bytes(hf, dtype.split("-")[0])
+    out["weight_bytes"] = weight_bytes(engine)
     return out
 
 
@@ -116,7 +127,7 @@ def main() -> int:
     ap.add_argument("--llamacpp", help="the llama.cpp anchor script (llamacpp_bench.sh), run after ours")
     ap.add_argument("--llamacpp-json", help="instead, the JSON that script wrote in this sitting (a format whose run failed "
                                             "there is left out of it; its rows show '-')")
-    ap.add_argument("--dtypes", default="bfloat16,float32,int8,bfloat16-onednn,int8-torch")
+    ap.add_argument("--dtypes", default="bfloat16,float32,int8,q8_0,q4_0,gguf,bfloat16-onednn,int8-torch")
     ap.add_argument("--batch-sizes", default="1,8,32")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(OUT))

@@ -62,8 +62,8 @@ def engine(results: Path) -> str:
 
 
 def decode(results: Path) -> str:
-    names = {"bfloat16": "bf16", "float32": "fp32", "int8": "int8 (weight-only)", "bfloat16-onednn": "bf16, oneDNN linears",
-             "int8-torch": "int8, torch's int8 matmul"}
+    names = {"bfloat16": "bf16", "float32": "fp32", "int8": "int8 (per channel)", "q8_0": "Q8_0 (at load)", "q4_0": "Q4_0 (at load)",
+             "gguf": "Q4_1 (the GGUF file)", "bfloat16-onednn": "bf16, oneDNN linears", "int8-torch": "int8, torch's int8 matmul"}
     rows = []
     for r in load(results, "decode.json")["rows"]:
         theirs = r["llamacpp_tok_s"]

@@ -46,6 +46,9 @@ class RolloutConfig(Section):
     # (emulated bf16 is far slower); resolved when the config is loaded, so config.yaml records what ran
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", validate_default=True)
     sampler: Literal["engine", "hf"] = "engine"  # the paged engine (prefix cache: a group's prompt is prefilled once), or the HF sampler
+    # the engine's weights quantized (re-quantized at every weight sync), as FlashRL samples in int8: faster decode, at
+    # a gap between the sampler's and the trainer's log-probs (metric logprob_gap; algo.tis_cap corrects for it)
+    quantization: Literal["none", "int8", "q8_0", "q4_0", "q4_1"] = "none"
     exec_timeout_s: float = Field(5.0, gt=0)  # hidden tests of one completion
     exec_workers: int = Field(2, ge=1)
     max_turns: int = Field(8, ge=1)  # assistant replies per episode of a multi-turn (workspace) family

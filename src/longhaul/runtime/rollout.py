@@ -69,7 +69,12 @@ def make_sampler(cfg, policy, tok):
     rollout.dtype (the default), or for rollout.sampler=hf the HF model (a bf16 copy, or the
     policy itself in fp32)."""
     if cfg.rollout.sampler == "engine":
-        return make_engine(policy, tok, cfg.rollout.dtype, max_model_len=cfg.model.context_length)
+        q = cfg.rollout.quantization
+        return make_engine(policy, tok, cfg.rollout.dtype, max_model_len=cfg.model.context_length,
+                           quantization=None if q == "none" else q)
+    if cfg.rollout.quantization != "none":
+        raise LonghaulError(f"rollout.quantization {cfg.rollout.quantization} needs rollout.sampler engine; the HF sampler "
+                            f"runs float weights")
     return frozen_copy(policy, torch.bfloat16) if cfg.rollout.dtype == "bfloat16" else policy
 
 
