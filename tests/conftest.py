@@ -17,6 +17,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session")
+def native():
+    """The native kernel module; the test is skipped where it does not build."""
+    from longhaul.ops import kernels
+
+    mod = kernels.native()
+    if mod is None:
+        pytest.skip("the native kernels do not build on this machine (see the stderr line)")
+    return mod
+
+
 @pytest.fixture(scope="session", autouse=True)
 def checked_families():
     """Training refuses families without a current envcheck manifest: validate the two the

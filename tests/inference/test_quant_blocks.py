@@ -12,7 +12,6 @@ from gguf.quants import quantize as gguf_quantize
 
 from longhaul.errors import LonghaulError
 from longhaul.inference import quant_blocks as qb
-from tests.ops.conftest import native  # noqa: F401  (the fixture)
 from tests.ops.test_small_gemm_int8 import _grid
 
 TYPES = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,

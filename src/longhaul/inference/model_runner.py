@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from longhaul.errors import LonghaulError
 from longhaul.inference.kv_cache import KVCache
 from longhaul.ops.kernels import native
-from longhaul.ops.linear import linear, pack
+from longhaul.ops.linear import linear, native_layers, pack
 from longhaul.ops.rope import Rope, apply_rope
 
 SUPPORTED = ("llama", "qwen2")
@@ -107,6 +107,7 @@ class ModelRunner:
         self._load(dict(model.state_dict()))
         self.pack_weights()
         self.recorder = None  # optional: sees every forward's linear outputs and logits (`rl.rollout_activations`)
+        self.fused_step = True  # decode-only steps run their layers in one native call (`native_layers`) where they can
 
     # ---- weights -------------------------------------------------------------------------
     def _t(self, t: torch.Tensor) -> torch.Tensor:
@@ -164,6 +165,7 @@ class ModelRunner:
             down, down_b = packer(L.down, L.down_b)
             self._exec.append((L.ln1, qkv, qkv_b, o, o_b, L.ln2, gate_up, gate_up_b, down, down_b))
         self._lm_head = head_packer(self.lm_head, None)[0]
+        self._native_layers = native_layers(self._exec) if self.native is not None else None
 
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> int:
@@ -242,7 +244,13 @@ class ModelRunner:
             rec.begin(batch)
         fused_cache = self._native_cache()
         nothing = (None,) * 4
-        for i, (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b) in enumerate(self._exec):
+        layers = self._exec
+        if self.fused_step and fused_cache and rec is None and self._native_layers is not None and batch.num_decode == n \
+                and n <= self._native_layers[1]:
+            layers = ()  # every layer in one native call
+            h = self.native.decode_layers(h, self._native_layers[0], self.kv.k, self.kv.v, cos, sin, batch.slot_mapping,
+                                          batch.decode_block_tables, batch.decode_lens, self.kv.block_size, hq, self.eps)
+        for i, (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b) in enumerate(layers):
             # a recorded forward: the projections are written straight into the recorder's rows
             outs = rec.outputs(i) if rec is not None else nothing
             x = self._rms_norm(h, ln1)

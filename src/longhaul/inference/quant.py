@@ -127,6 +127,13 @@ class Int8Linear(nn.Module):
 
     __call__ = forward  # no hooks: nn.Module's dispatch costs as much as the Python above
 
+    def native_description(self):
+        """For `decode_layers` (`linear.native_description`): the native kernel's tensors, or None."""
+        if self._native is None:
+            return None
+        bias = _EMPTY if self.bias is None else self.bias
+        return ("int8", self._native[1], self.scale, _EMPTY, bias, self.out_features, 0, 0), self.KERNEL_ROWS
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 

@@ -159,6 +159,14 @@ class BlockLinear:
             y = self._dense(x2)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], -1)
 
+    def native_description(self):
+        """For `decode_layers` (`linear.native_description`): the native kernel's tensors, or None."""
+        if self._packed is None:
+            return None
+        codes, d, m = self._packed
+        bias = _EMPTY if self.bias is None else self.bias
+        return (self.format.name, codes, d, m, bias, self.out_features, self.format.bits, self.format.offset), self.KERNEL_ROWS
+
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         if self._large is None or self._large[0] != x.dtype:
             w = self.dequantize(x.dtype)

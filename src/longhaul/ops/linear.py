@@ -167,3 +167,33 @@ def pack(w: torch.Tensor | None, b: torch.Tensor | None = None, few_rows: bool =
         return PackedLinear(w, b), None
     except RuntimeError:  # a build without the oneDNN linear ops
         return w, b
+
+
+def native_description(w, b=None):
+    """What `decode_layers` (csrc/decode_step.cpp) needs to call weight w's kernel itself, or None
+    when w has no native kernel: (kind, weight, a, b, bias, out features, bits, offset), and the
+    most rows it takes there (beyond them the callable sends rows elsewhere, e.g. to oneDNN)."""
+    empty = torch.empty(0)
+    if b is not None:  # a bias the packer left to the caller
+        return None
+    if isinstance(w, SmallBatchLinear):
+        return ("fp32", w.weight, empty, empty, w.bias, w.out_features, 0, 0), 1 << 30
+    if isinstance(w, SmallBatchLinearBF16):
+        return ("bf16", w.weight, empty, empty, w.bias, w.out_features, 0, 0), w.ROWS if w.large is not None else 1 << 30
+    describe = getattr(w, "native_description", None)  # the quantized linears describe themselves
+    return describe() if describe is not None else None
+
+
+def native_layers(layers) -> tuple[list, int] | None:
+    """The runner's packed layers (ln1, qkv, qkv_b, o, o_b, ln2, gate_up, gate_up_b, down, down_b)
+    described for `decode_layers`, and the most rows every linear takes natively; None when any
+    projection has no native kernel."""
+    out, rows = [], 1 << 30
+    for ln1, qkv, qkv_b, o, o_b, ln2, gu, gu_b, down, down_b in layers:
+        linears = [native_description(w, b) for w, b in ((qkv, qkv_b), (o, o_b), (gu, gu_b), (down, down_b))]
+        if any(d is None for d in linears):
+            return None
+        rows = min([rows] + [r for _, r in linears])
+        (dq, _), (do, _), (dg, _), (dd, _) = linears
+        out.append((ln1, dq, do, ln2, dg, dd))
+    return out, rows

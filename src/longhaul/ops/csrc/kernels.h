@@ -1,0 +1,50 @@
+// Declarations of the native kernels defined across ops/csrc/*.cpp, for the bindings
+// (module.cpp) and for kernels that call others (decode_step.cpp).
+#pragma once
+
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+torch::Tensor pack(const torch::Tensor& w, int64_t nr);
+bool has_avx512();
+torch::Tensor mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias);
+torch::Tensor mm_into(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias, torch::Tensor out);
+bool has_avx512_bf16();
+torch::Tensor pack_bf16(const torch::Tensor& w, const std::string& kind);
+torch::Tensor mm_bf16(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias);
+bool has_avx512_vnni();
+torch::Tensor pack_int8(const torch::Tensor& codes, int64_t nr);
+torch::Tensor mm_int8(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, const torch::Tensor& bias);
+std::vector<torch::Tensor> pack_blocks(const torch::Tensor& codes, const torch::Tensor& d, const torch::Tensor& m,
+                                       int64_t bits, int64_t pad, int64_t nr);
+torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& d, const torch::Tensor& m,
+                        int64_t bits, int64_t offset, int64_t N, const torch::Tensor& bias);
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                               const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
+                               double scale);
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+std::vector<torch::Tensor> rms_norm_backward(const torch::Tensor& g, const torch::Tensor& x, const torch::Tensor& weight,
+                                             double eps);
+torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                             torch::Tensor k_cache, torch::Tensor v_cache, const torch::Tensor& slots, int64_t Hq);
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
+torch::Tensor decode_layers(torch::Tensor h, const py::list& layers, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                            const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& slots,
+                            const torch::Tensor& block_tables, const torch::Tensor& lens, int64_t block_size, int64_t Hq,
+                            double eps);
+void swiglu_backward(const torch::Tensor& dout, const torch::Tensor& gate, const torch::Tensor& up, torch::Tensor dgate,
+                     torch::Tensor dup);
+std::vector<torch::Tensor> attention_pack(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& q_index,
+                                          const torch::Tensor& q_len, const torch::Tensor& kv_index,
+                                          const torch::Tensor& kv_len);
+void attention_pack_backward(const torch::Tensor& dqp, const torch::Tensor& dkp, const torch::Tensor& dvp,
+                             const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& out_index,
+                             const torch::Tensor& kv_index, const torch::Tensor& kv_len, torch::Tensor dq, torch::Tensor dk,
+                             torch::Tensor dv);
+torch::Tensor attention_unpack(const torch::Tensor& o, const torch::Tensor& out_index, int64_t Hq);
+torch::Tensor attention_unpack_backward(const torch::Tensor& g, const torch::Tensor& out_index, int64_t R, int64_t Tq,
+                                        int64_t Hkv, int64_t Hq);
+std::vector<torch::Tensor> softmax_stats(torch::Tensor z, const torch::Tensor& targets, bool with_entropy, bool write_probs);
