@@ -161,6 +161,10 @@ class TrainConfig(Section):
     autocast: Literal["auto", "none", "bfloat16"] = Field("auto", validate_default=True)  # fp32 master weights either way; auto as rollout.dtype
     save_every: int = Field(5, ge=0)  # 0: only the final checkpoint
     keep_last: int = Field(2, ge=1)
+    # processes one packed row is split over (context parallel: each holds 1/N of its tokens' activations, for rows
+    # too long for one); SFT with data.packing only. 1: no split
+    context_parallel: int = Field(1, ge=1)
+    context_attention: Literal["ring", "ulysses"] = "ring"  # ring: any N; ulysses: N must divide the query heads
 
     @field_validator("autocast")
     @classmethod

@@ -42,19 +42,26 @@ def _batches() -> list:
     return [_groups(g, 4), _groups(g, 4, same_from=2), _groups(g, 3, seed_offset=1), _groups(g, 1, seed_offset=2)]
 
 
+def _lora(policy):
+    """The tiny model with `LORA` adapters. B starts at zero; a non-zero B gives the adapters' A a gradient too."""
+    from longhaul.models.lora import apply_lora
+
+    policy = apply_lora(policy, LORA["r"], LORA["alpha"], LORA["dropout"], LORA["targets"], "tiny-llama")
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(n)))
+    return policy
+
+
 def _trainer(dp=None, lora: bool = False, train: TrainConfig = TRAIN):
     from longhaul.models import load_policy
-    from longhaul.models.lora import apply_lora
     from longhaul.rl.grpo import GRPOTrainer
 
     torch.manual_seed(0)
     policy, tok = load_policy("tiny-llama")
     if lora:
-        policy = apply_lora(policy, LORA["r"], LORA["alpha"], LORA["dropout"], LORA["targets"], "tiny-llama")
-        with torch.no_grad():  # B starts at zero; a non-zero B gives the adapters' A a gradient too
-            for n, p in policy.named_parameters():
-                if "lora_B" in n:
-                    p.normal_(0, 0.02, generator=torch.Generator().manual_seed(len(n)))
+        policy = _lora(policy)
     return GRPOTrainer(policy, tok.pad_token_id, ALGO, train, 1.0, 8, dp=dp)
 
 

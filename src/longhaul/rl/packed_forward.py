@@ -17,12 +17,13 @@ R "attention rows" (R, Tq) of queries against (R, Lk) keys with a mask, through 
 gathered into every completion's keys, so gradients from all N completions reach the prompt,
 as with `shared_prompt_logprobs`' repeated cache.
 
-In fp32 on a CPU with the native kernels (`ops.kernels`, `csrc/train_ops.cpp`), RMSNorm,
-SwiGLU, and the move of q, k, v into SDPA's padded rows with RoPE on the way (and of its output
-back to the flat rows) are one native pass each way instead of chains of torch ops, and the
-gradients of a fused projection (qkv, gate_up) are written into one buffer instead of cat
-together from its parts. The boolean attention mask becomes SDPA's additive float mask once a
-forward, not once a layer and pass.
+In fp32 on a CPU, RMSNorm, SwiGLU and the move of q, k, v into SDPA's padded rows run through
+the native kernels (`packed_native`). The boolean attention mask becomes SDPA's additive float
+mask once a forward, not once a layer and pass.
+
+A batch may also be one rank's shard of a row split over a context-parallel group
+(`context_parallel.packed.ContextGroup.shard`): then `context` holds the attention across the
+group, which replaces the attention rows; the rest of the forward runs on the local rows as ever.
 
 Numerics: the same operations as HF's eager/SDPA Llama (RMSNorm in fp32 by `F.rms_norm`, or in
 fp32 on CPU by the native kernels' forward and backward, equal to rounding; HF's
@@ -39,9 +40,9 @@ import torch
 import torch.nn.functional as F
 
 from longhaul.models.lora import unwrap
-from longhaul.ops.kernels import native
 from longhaul.ops.linear import pack
 from longhaul.ops.rope import rotate_half
+from longhaul.rl.packed_native import NativeSwiGLU, kernels_for, native_attention, rms_norm
 
 SUPPORTED = ("llama", "qwen2")
 
@@ -60,6 +61,9 @@ class PackedBatch:
     mask: torch.Tensor  # (B, T) float, 1 on completion tokens
     q_len: torch.Tensor  # (R,) real queries of each attention row (the rest of q_index is padding)
     kv_len: torch.Tensor  # (R,) real keys of each attention row
+    # this rank's attention across a context-parallel group (`context_parallel.packed.ContextShard`),
+    # which then replaces the attention rows above; None: every row of the batch is here
+    context: object | None = None
 
 
 def supports(model) -> bool:
@@ -187,94 +191,6 @@ def _sdpa_mask(b: PackedBatch, g: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
 
 
-def _unit_last(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-class _NativeAttentionPack(torch.autograd.Function):
-    """q, k, v flat rows -> SDPA's padded attention rows (`_attention`'s qp, kp, vp), RoPE on q
-    and k, in one native pass (`csrc/train_ops.cpp`); the backward writes one gradient per
-    input. Given one fused qkv (N, (Hq + 2 Hkv) D) (the recorded projection) instead of three
-    tensors, its gradient is one (N, (Hq + 2 Hkv) D) tensor too: no cat of the parts."""
-
-    @staticmethod
-    def forward(ctx, qkv, k, v, cos, sin, b: PackedBatch, hq: int, hkv: int, native):
-        n = qkv.shape[0]
-        d = cos.shape[1]
-        q = qkv if k is not None else qkv[:, :hq * d]
-        views = (q.view(n, hq, d), (k if k is not None else qkv[:, hq * d:(hq + hkv) * d]).view(n, hkv, d),
-                 (v if v is not None else qkv[:, (hq + hkv) * d:]).view(n, hkv, d))
-        ctx.save_for_backward(cos, sin)
-        ctx.fused, ctx.b, ctx.shape, ctx.native = k is None, b, (n, hq, hkv, d), native
-        return tuple(native.attention_pack(*views, cos, sin, b.q_index, b.q_len, b.kv_index, b.kv_len))
-
-    @staticmethod
-    def backward(ctx, dqp, dkp, dvp):
-        cos, sin = ctx.saved_tensors
-        n, hq, hkv, d = ctx.shape
-        b = ctx.b
-        whole = torch.empty((n, (hq + 2 * hkv) * d), dtype=cos.dtype)  # the parts' gradients are its column views
-        grads = [whole[:, :hq * d], whole[:, hq * d:(hq + hkv) * d], whole[:, (hq + hkv) * d:]]
-        dq, dk, dv = (gr.view(n, h, d) for gr, h in zip(grads, (hq, hkv, hkv)))
-        ctx.native.attention_pack_backward(_unit_last(dqp), _unit_last(dkp), _unit_last(dvp), cos, sin, b.out_index,
-                                           b.kv_index, b.kv_len, dq, dk, dv)
-        return (*((whole, None, None) if ctx.fused else grads), None, None, None, None, None, None)
-
-
-class _NativeAttentionUnpack(torch.autograd.Function):
-    """SDPA's padded output (R, Hkv, G Tq, D) -> the flat rows (N, Hq D) (`_attention`'s last
-    two steps) in one native pass each way."""
-
-    @staticmethod
-    def forward(ctx, o, b: PackedBatch, hq: int, native):
-        ctx.b, ctx.shape, ctx.native = b, (o.shape[0], o.shape[1], o.shape[2] // (hq // o.shape[1]), hq), native
-        return native.attention_unpack(_unit_last(o), b.out_index, hq)
-
-    @staticmethod
-    def backward(ctx, g):
-        R, hkv, tq, hq = ctx.shape
-        return ctx.native.attention_unpack_backward(_unit_last(g), ctx.b.out_index, R, tq, hkv, hq), None, None, None
-
-
-def _native_attention(qkv, b: PackedBatch, cos, sin, hq: int, hkv: int, mask: torch.Tensor, native) -> torch.Tensor:
-    """`_attention` after RoPE, through the native layout kernels: qkv is the fused (N, width)
-    projection or its (q, k, v) parts."""
-    parts = (qkv[0], None, None) if len(qkv) == 1 else qkv
-    qp, kp, vp = _NativeAttentionPack.apply(*parts, cos, sin, b, hq, hkv, native)
-    o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
-    return _NativeAttentionUnpack.apply(o, b, hq, native)
-
-
-class _NativeSwiGLU(torch.autograd.Function):
-    """silu(gate) * up in one native pass each way. Given the fused gate_up (N, 2F) (the
-    recorded projection) instead of two tensors, its gradient is one (N, 2F) tensor: no cat."""
-
-    @staticmethod
-    def forward(ctx, gate, up, native):
-        ctx.fused, ctx.native = up is None, native
-        if up is None:
-            ctx.save_for_backward(gate)
-            f = gate.shape[1] // 2
-            gate, up = gate[:, :f], gate[:, f:]
-        else:
-            ctx.save_for_backward(gate, up)
-        return native.swiglu(gate, up)
-
-    @staticmethod
-    def backward(ctx, g):
-        g = _unit_last(g)
-        if ctx.fused:
-            (gu,) = ctx.saved_tensors
-            f = gu.shape[1] // 2
-            dgu = torch.empty_like(gu)
-            ctx.native.swiglu_backward(g, gu[:, :f], gu[:, f:], dgu[:, :f], dgu[:, f:])
-            return dgu, None, None
-        gate, up = ctx.saved_tensors
-        dgate, dup = torch.empty_like(gate), torch.empty_like(up)
-        ctx.native.swiglu_backward(g, gate, up, dgate, dup)
-        return dgate, dup, None
-
-
 _PACKED: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 
 
@@ -337,38 +253,26 @@ def _proj(x, y, *modules, fused: bool = False):
     return [out] if fused or len(modules) == 1 else out.split([m.out_features for m in modules], dim=-1)
 
 
-class _NativeRMSNorm(torch.autograd.Function):
-    """F.rms_norm in fp32 on CPU through the native kernels (`kernels.native`): one pass
-    forward, one backward, instead of autograd's chain of pow / mean / rsqrt / mul ops."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps: float, native):
-        ctx.save_for_backward(x, weight)
-        ctx.eps, ctx.native = eps, native
-        return native.rms_norm(x, weight, eps)
-
-    @staticmethod
-    def backward(ctx, g):
-        x, weight = ctx.saved_tensors
-        dx, dw = ctx.native.rms_norm_backward(g, x, weight, ctx.eps)
-        return dx, dw, None, None
-
-
-def _kernels(x: torch.Tensor):
-    """The native kernels when they can run on x (fp32 on CPU, no autocast), else None."""
-    return native() if x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu") else None
-
-
-def _rms_norm(x: torch.Tensor, norm, kernels=None) -> torch.Tensor:
-    """HF's RMSNorm module `norm` on rows x (N, E)."""
-    if kernels is None or norm.weight.dtype != torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
-    return _NativeRMSNorm.apply(x, norm.weight, norm.variance_epsilon, kernels)
-
-
 def _rope(x, cos, sin):
     """x (N, H, D) rotated by cos, sin (N, D), the tables in the hidden state's dtype (as HF)."""
     return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+def _self_attention(qkv, b: PackedBatch, cos, sin, shape: tuple[int, int, int], kernels, masks: dict) -> torch.Tensor:
+    """One layer's attention of the flat rows (N, Hq * D) from their q, k, v projections (fused, or
+    three): across the group for a context-parallel shard, else over the batch's attention rows,
+    through the native layout kernels where they run. `masks` caches the SDPA mask by dtype."""
+    hq, hkv, d = shape
+    n = qkv[0].shape[0]
+    native = b.context is None and kernels is not None and all(t.dtype == torch.float32 for t in qkv)
+    dtype = qkv[0].dtype
+    if b.context is None and dtype not in masks:
+        masks[dtype] = _sdpa_mask(b, hq // hkv, dtype).to(qkv[0].device)
+    if native:
+        return native_attention(qkv, b, cos, sin, hq, hkv, masks[dtype], kernels)
+    q, k, v = qkv if len(qkv) == 3 else qkv[0].split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k, v = _rope(q.view(n, hq, d), cos, sin), _rope(k.view(n, hkv, d), cos, sin), v.view(n, hkv, d)
+    return b.context.attention(q, k, v) if b.context is not None else _attention(q, k, v, b, hkv, masks[dtype])
 
 
 def hidden_states(model, b: PackedBatch, stored: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
@@ -381,31 +285,24 @@ def hidden_states(model, b: PackedBatch, stored: list[list[torch.Tensor]] | None
     dev = base.embed_tokens.weight.device
     ids, pos = b.input_ids.to(dev), b.positions.to(dev)
     h = base.embed_tokens(ids)  # (N, E)
-    n, e = h.shape
     cos, sin = base.rotary_emb(h[None], pos[None])
     cos, sin = cos[0], sin[0]  # (N, D)
     # native only when the rotary tables span the whole head (the kernels rotate all D dims)
-    kernels = _kernels(h) if cos.dtype == torch.float32 and d % 2 == 0 and cos.shape[-1] == d else None
-    mask = None  # made at the first attention, in the dtype the projections produce
+    kernels = kernels_for(h) if cos.dtype == torch.float32 and d % 2 == 0 and cos.shape[-1] == d else None
+    masks = {}  # SDPA's mask, made at the first attention in the dtype the projections produce
     for i, layer in enumerate(base.layers):
         attn, mlp = layer.self_attn, layer.mlp
         ys = [None] * 4 if stored is None else stored[i]  # qkv, o, gate_up, down
-        x = _rms_norm(h, layer.input_layernorm, kernels)
+        x = rms_norm(h, layer.input_layernorm, kernels)
         qkv = _proj(x, ys[0], attn.q_proj, attn.k_proj, attn.v_proj, fused=kernels is not None)
-        if mask is None or mask.dtype != qkv[0].dtype:
-            mask = _sdpa_mask(b, hq // hkv, qkv[0].dtype).to(dev)
-        if kernels is not None and all(t.dtype == torch.float32 for t in qkv):
-            a = _native_attention(qkv, b, cos, sin, hq, hkv, mask, kernels)
-        else:
-            q, k, v = qkv if len(qkv) == 3 else qkv[0].split([hq * d, hkv * d, hkv * d], dim=-1)
-            a = _attention(_rope(q.view(n, hq, d), cos, sin), _rope(k.view(n, hkv, d), cos, sin), v.view(n, hkv, d), b, hkv, mask)
+        a = _self_attention(qkv, b, cos, sin, (hq, hkv, d), kernels, masks)
         h = h + _proj(a, ys[1], attn.o_proj)[0]
-        x = _rms_norm(h, layer.post_attention_layernorm, kernels)
+        x = rms_norm(h, layer.post_attention_layernorm, kernels)
         gu = _proj(x, ys[2], mlp.gate_proj, mlp.up_proj, fused=kernels is not None)
         if kernels is not None and all(t.dtype == torch.float32 for t in gu):
-            act = _NativeSwiGLU.apply(gu[0], gu[1] if len(gu) == 2 else None, kernels)
+            act = NativeSwiGLU.apply(gu[0], gu[1] if len(gu) == 2 else None, kernels)
         else:
             gate, up = gu if len(gu) == 2 else gu[0].chunk(2, dim=-1)
             act = F.silu(gate) * up
         h = h + _proj(act, ys[3], mlp.down_proj)[0]
-    return _rms_norm(h, base.norm, kernels)
+    return rms_norm(h, base.norm, kernels)

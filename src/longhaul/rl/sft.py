@@ -10,6 +10,12 @@ multi-turn rows where tool outputs and prompts are most of the tokens. Other mod
 forward over each bin as one sequence, with per-row positions and a block-diagonal causal
 mask (its attention holds (bins, heads, L, L) per layer, so keep `max_length` moderate). Either
 way a packed batch computes what the padded one does, to rounding.
+
+Context parallel (`train.context_parallel`, a `ContextGroup` given): every rank of the group takes
+the same rows and runs its zigzag shard of each packed micro-batch (`context_parallel.packed`).
+Its log-probs are those of the loss tokens it holds; the normaliser, the batch's count of loss
+tokens, is counted from the whole batch every rank holds, so the ranks' losses sum to the batch's
+loss, and their gradients, summed over the group before the step, to its gradient.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import math
 
 import torch
 
+from longhaul.errors import LonghaulError
 from longhaul.rl import logprobs, packed_forward
 from longhaul.rl.logprobs import autocast_ctx, right_pad
 from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
@@ -86,9 +93,14 @@ def packed_logprobs(model, bins: list[list[Row]], pad_id: int, autocast: str = "
 
 
 class SFTTrainer(OptimizerState):
-    def __init__(self, model, pad_id: int, algo, train, packing: bool = False, max_length: int = 1024):
+    def __init__(self, model, pad_id: int, algo, train, packing: bool = False, max_length: int = 1024, context=None):
         self.model, self.pad_id, self.train_cfg = model, pad_id, train
         self.packing, self.max_length = packing, max_length
+        self.context = context  # a `ContextGroup`: each packed micro-batch split over its ranks; None: all here
+        if context is not None:
+            if not packing:
+                raise LonghaulError("train.context_parallel splits each packed row over its processes; set data.packing=true")
+            context.check(model)
         self.optimizer, self.scheduler = make_optimizer(model.parameters(), train)
 
     def _chunks(self, rows: list[Row]):
@@ -99,6 +111,8 @@ class SFTTrainer(OptimizerState):
             for i in range(0, len(bins), mb):
                 if flat:
                     batch = packed_forward.pack_targets([r for b in bins[i:i + mb] for r in b], self.pad_id)
+                    if self.context is not None:
+                        batch = self.context.shard(batch)
                     logp, mask, _ = logprobs.packed_logprobs(self.model, batch, autocast=self.train_cfg.autocast)
                     yield logp, mask
                 else:
@@ -114,7 +128,9 @@ class SFTTrainer(OptimizerState):
             raise ValueError("batch has no loss tokens (no assistant content)")
         return n
 
-    def step(self, rows: list[Row]) -> dict:
+    def backward(self, rows: list[Row]) -> float:
+        """The batch's mean token loss, its gradient accumulated into the parameters (under context
+        parallel: the group's sums, the same on every rank)."""
         n_tok = self._loss_tokens(rows)
         self.model.train()
         total = 0.0
@@ -122,6 +138,14 @@ class SFTTrainer(OptimizerState):
             loss = -(logp * mask).sum() / n_tok
             loss.backward()
             total += loss.item()
+        if self.context is not None:
+            self.context.reduce_gradients(self.model.parameters())
+            total = self.context.sum(total)
+        return total
+
+    def step(self, rows: list[Row]) -> dict:
+        n_tok = self._loss_tokens(rows)
+        total = self.backward(rows)
         lr = self.scheduler.get_last_lr()[0]
         grad_norm = clip_and_step(self.model.parameters(), self.optimizer, self.scheduler, self.train_cfg.grad_clip, total)
         return {"loss": total, "grad_norm": grad_norm, "num_tokens": int(n_tok), "lr": lr}
@@ -132,4 +156,6 @@ class SFTTrainer(OptimizerState):
         n_tok = self._loss_tokens(rows)
         self.model.eval()
         total = sum(-(logp * mask).sum().item() for logp, mask in self._chunks(rows)) / n_tok
+        if self.context is not None:
+            total = self.context.sum(total)
         return {"heldout/loss": total, "heldout/ppl": math.exp(min(total, 50.0))}

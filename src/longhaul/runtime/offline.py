@@ -35,6 +35,8 @@ from longhaul.rl.dpo import DPOTrainer
 from longhaul.rl.reward_model import RewardModel, RewardTrainer, load_head, save_head
 from longhaul.rl.sft import SFTTrainer
 from longhaul.runtime.algorithms import builder
+from longhaul.runtime.context_trainers import ContextParallelTrainer
+from longhaul.runtime.context_trainers import check as check_context_parallel
 from longhaul.runtime.memory import measure
 from longhaul.runtime.metrics import MetricsLog, read_metrics
 from longhaul.runtime.notice import StopNotice
@@ -56,6 +58,7 @@ class OfflineAlgo:
     build: Callable  # (cfg, policy, tok, items) -> Built
     has_loss_tokens: Callable = lambda item: True
     curves: tuple = (("loss", "train loss"), ("grad_norm", "gradient norm"), ("lr", "learning rate"))
+    context_parallel: bool = False  # its trainer splits packed rows over train.context_parallel processes
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,8 @@ def _encode_pair(tok, row, cfg):
 
 def _build_sft(cfg, policy, tok, items):
 
+    if cfg.train.context_parallel > 1:
+        return Built(ContextParallelTrainer(cfg, policy, tok), policy)
     return Built(SFTTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.data.packing,
                              cfg.data.pack_length or cfg.data.max_length), policy)
 
@@ -101,7 +106,8 @@ def _build_distill(cfg, policy, tok, items):
 
 _sft_tokens = lambda item: sum(item[1][1:]) > 0
 SFT = OfflineAlgo(_encode_sft, _build_sft, _sft_tokens,
-                             (("loss", "train loss"), ("heldout/loss", "held-out loss"), ("grad_norm", "gradient norm"), ("lr", "learning rate")))
+                             (("loss", "train loss"), ("heldout/loss", "held-out loss"), ("grad_norm", "gradient norm"), ("lr", "learning rate")),
+                             context_parallel=True)
 RM = OfflineAlgo(lambda tok, row, cfg: tuple(ids for ids, _ in _encode_pair(tok, row, cfg)), _build_rm, lambda item: True,
                             (("loss", "train loss"), ("accuracy", "train accuracy"), ("heldout/accuracy", "held-out accuracy"),
                              ("margin", "reward margin")))
@@ -168,6 +174,7 @@ def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
     torch.manual_seed(cfg.seed)
     spec = builder(cfg.algo.name, "offline")
     policy, tok = load_policy(cfg.model.name)
+    check_context_parallel(cfg, spec.context_parallel, policy)
     items = encode_dataset(cfg, tok, spec)
     train_items, heldout = split_heldout(items, cfg.data.heldout_fraction if cfg.eval.before_after else 0.0, cfg.seed)
     run_dir, ckpt = open_run_dir(cfg, resume)
@@ -178,6 +185,18 @@ def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
     if t.lora_r:
         policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
     built = spec.build(cfg, policy, tok, train_items + heldout)  # before resuming: DPO scores its reference here
+    try:
+        before = _train(cfg, spec, built, tok, (train_items, heldout), run_dir, ckpt, resume)
+    finally:
+        close = getattr(built.trainer, "close", None)  # a context-parallel trainer's processes
+        if close is not None:
+            close()
+    return _finish(cfg, spec, run_dir, heldout, before)
+
+
+def _train(cfg: RunConfig, spec: OfflineAlgo, built: Built, tok, data: tuple[list, list], run_dir, ckpt, resume: bool):
+    """Resume from `ckpt` if given, evaluate, take the steps, checkpoint; the held-out metrics before training."""
+    (train_items, heldout), t = data, cfg.train
     trainer = built.trainer
     start = 0
     if ckpt is not None:
@@ -220,7 +239,13 @@ def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
                                         {**trainer.state_dict(), "data_position": step * B}, t.keep_last, extra=built.save_extra)
                 notice.end_if_told(step, t.steps, saved, log)
     log.close()
+    return before
+
+
+def _finish(cfg: RunConfig, spec: OfflineAlgo, run_dir, heldout: list, before) -> dict:
+    """The run's result and report, from its metrics."""
     metrics = read_metrics(run_dir)
+    t = cfg.train
     result = {"run_dir": str(run_dir), "steps": t.steps}
     if heldout:
         first = next((r for r in metrics if r["step"] == 0), before)

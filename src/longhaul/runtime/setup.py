@@ -23,6 +23,7 @@ from longhaul.eval.envcheck import require_checked
 from longhaul.eval.passrate import EvalResult, evaluate
 from longhaul.models import load_policy
 from longhaul.rl.checkpoint import list_checkpoints
+from longhaul.runtime.context_trainers import check as check_context_parallel
 from longhaul.runtime.domains import TaskScheduler
 from longhaul.runtime.families import build_family
 from longhaul.runtime.progress import console, progress_bar
@@ -132,6 +133,7 @@ def check_runtime(cfg: RunConfig) -> None:
     if rt.buffer_capacity and rt.buffer_capacity < need:
         raise LonghaulError(f"runtime.buffer_capacity={rt.buffer_capacity} cannot hold the {need} groups that max_staleness "
                             f"{rt.max_staleness} keeps in flight; raise it to >= {need} or set 0 (automatic)")
+    check_context_parallel(cfg, splits=False)  # online trainers do not split rows (yet)
     if rt.trainers > 1 and cfg.algo.name != "grpo":
         raise LonghaulError(f"runtime.trainers={rt.trainers} (data-parallel training) supports algo.name=grpo only; set runtime.trainers=1")
     if rt.sandbox_pools and (rt.backend != "ray" or rt.mode != "async"):

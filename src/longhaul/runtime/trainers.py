@@ -38,7 +38,8 @@ def _backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def _init(rank: int, world: int, init: str) -> None:
+def join_group(rank: int, world: int, init: str) -> None:
+    """Join the run's trainer process group as `rank` of `world` (rendezvous at the `init` URL)."""
     dist.init_process_group(_backend(), init_method=init, rank=rank, world_size=world)
 
 
@@ -63,7 +64,7 @@ def _strategy(cfg):
     return DATA_PARALLEL.get_fn(cfg.runtime.data_parallel)()
 
 
-def _follower(cfg_json: str, rank: int, world: int, init: str, ckpt: str | None, threads: int | None) -> None:
+def _follower(rank: int, world: int, init: str, cfg_json: str, ckpt: str | None, threads: int | None) -> None:
 
     keep_freed_memory()
     leave_to_the_parent()
@@ -71,7 +72,7 @@ def _follower(cfg_json: str, rank: int, world: int, init: str, ckpt: str | None,
         torch.set_num_threads(threads)
     cfg = RunConfig.model_validate_json(cfg_json)
     torch.manual_seed(cfg.seed)
-    _init(rank, world, init)
+    join_group(rank, world, init)
     try:
         trainer = _build(cfg, _strategy(cfg), ckpt)
         while True:
@@ -87,29 +88,61 @@ def _follower(cfg_json: str, rank: int, world: int, init: str, ckpt: str | None,
         dist.destroy_process_group()
 
 
+class Followers:
+    """Ranks 1 .. world - 1 of a run's trainer group in child processes (spawned, daemons), with this
+    process as rank 0: `start` spawns them and joins the group, `check_alive` refuses to talk to a
+    group that lost one, `stop` sends the farewell they wait for, leaves the group and reaps them."""
+
+    def __init__(self, world: int, name: str):
+        self.world, self.name, self.procs = world, name, []
+        self._dir = tempfile.mkdtemp(prefix="longhaul-group-")
+        self.init = f"file://{os.path.join(self._dir, 'rendezvous')}"
+
+    def start(self, target, *args) -> None:
+        """`target(rank, world, init, *args)` in a process for each follower rank; then join as rank 0."""
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.procs = [ctx.Process(target=target, name=f"longhaul-{self.name}-{r}", daemon=True, args=(r, self.world, self.init, *args))
+                      for r in range(1, self.world)]
+        for p in self.procs:
+            p.start()
+        join_group(0, self.world, self.init)
+
+    def check_alive(self) -> None:
+        if any(not p.is_alive() for p in self.procs):
+            raise LonghaulError(f"a {self.name} process died; see its error above, then --resume from the last checkpoint")
+
+    def stop(self, farewell) -> None:
+        """`farewell()`: the collective that tells the followers to leave their loop."""
+        try:
+            if dist.is_initialized():
+                try:  # a follower that died has torn down its end: a farewell would wait on it
+                    if all(p.is_alive() for p in self.procs):
+                        farewell()
+                finally:
+                    dist.destroy_process_group()
+            for p in self.procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)  # the rendezvous file's directory
+
+
 class ShardedTrainer:
     """Rank 0's trainer of a data-parallel run; followers run in child processes."""
 
     def __init__(self, cfg, policy, tok, ckpt: Path | None = None):
-        import torch.multiprocessing as mp
-
         self.world = cfg.runtime.trainers
-        self._dir = tempfile.mkdtemp(prefix="longhaul-dp-")
-        init = f"file://{os.path.join(self._dir, 'rendezvous')}"
-        ctx = mp.get_context("spawn")
         threads = cfg.threads or max(1, torch.get_num_threads() // self.world)
-        self.procs = [ctx.Process(target=_follower, name=f"longhaul-trainer-{r}", daemon=True,
-                                  args=(cfg.model_dump_json(), r, self.world, init, str(ckpt) if ckpt else None, threads))
-                      for r in range(1, self.world)]
-        for p in self.procs:
-            p.start()
-        _init(0, self.world, init)
+        self.followers = Followers(self.world, "data-parallel trainer")
+        self.followers.start(_follower, cfg.model_dump_json(), str(ckpt) if ckpt else None, threads)
         self.inner = GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
                                  dp=_strategy(cfg))
 
     def _scatter(self, parts: list):
-        if any(not p.is_alive() for p in self.procs):
-            raise LonghaulError("a data-parallel trainer process died; see its error above, then --resume from the last checkpoint")
+        self.followers.check_alive()
         box = [None]
         dist.scatter_object_list(box, parts, src=0)
         return box[0]
@@ -126,15 +159,4 @@ class ShardedTrainer:
         self.inner.load_state_dict(state)
 
     def close(self) -> None:
-        try:
-            if dist.is_initialized():
-                try:
-                    dist.scatter_object_list([None], [None] * self.world, src=0)
-                finally:
-                    dist.destroy_process_group()
-            for p in self.procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
-        finally:
-            shutil.rmtree(self._dir, ignore_errors=True)  # the rendezvous file's directory
+        self.followers.stop(lambda: dist.scatter_object_list([None], [None] * self.world, src=0))

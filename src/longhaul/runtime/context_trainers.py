@@ -1,0 +1,122 @@
+"""Context-parallel trainers for an offline SFT run: `train.context_parallel: N` starts N-1 follower
+processes beside this one in one process group (`runtime.trainers.Followers`) and gives the run
+loop one trainer with the usual `step` / `evaluate` / `state_dict` / `load_state_dict`, and `close`.
+
+Rank 0 (this process) keeps the data, the logging and the checkpoints. Each step it broadcasts the
+rows; every rank runs `SFTTrainer` with a `ContextGroup` over the whole group, on its zigzag shard of
+each packed micro-batch, and takes the same optimizer step on the gradient summed over the group, so
+the weights stay equal on every rank and rank 0's are the run's. The followers start from rank 0's
+trainable weights (broadcast once); on resume each reads the checkpoint rank 0 resumes from.
+
+Owns the followers' loop, the commands rank 0 sends them, and the checks of a run's config and
+model (`check`) before any process starts. Not owned here: the split and its maths
+(`rl.context_parallel.packed`), data-parallel trainers (`runtime.trainers`, online GRPO; not
+combined with this).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from longhaul.config import RunConfig
+from longhaul.errors import LonghaulError
+from longhaul.malloc import keep_freed_memory
+from longhaul.models import load_policy
+from longhaul.models.lora import apply_lora
+from longhaul.rl.checkpoint import load_trainer_state, load_weights
+from longhaul.rl.context_parallel.packed import ContextGroup, check_model
+from longhaul.rl.sft import SFTTrainer
+from longhaul.runtime.notice import leave_to_the_parent
+from longhaul.runtime.trainers import Followers, join_group
+
+
+def check(cfg: RunConfig, splits: bool, policy=None) -> None:
+    """One-line errors for a context-parallel config the run cannot take; `splits`: the algorithm's
+    trainer splits its rows (SFT); `policy`: the model too (`context_parallel.packed.check_model`)."""
+    n = cfg.train.context_parallel
+    if n == 1:
+        return
+    if not splits:
+        raise LonghaulError(f"train.context_parallel={n} splits packed SFT rows; algo.name={cfg.algo.name} does not take it; "
+                            f"set train.context_parallel=1")
+    if not cfg.data.packing:
+        raise LonghaulError(f"train.context_parallel={n} splits each packed row over {n} processes; set data.packing=true")
+    if policy is not None:
+        check_model(policy, n, cfg.train.context_attention)
+
+
+def _sft_trainer(cfg: RunConfig, policy, tok) -> SFTTrainer:
+    """This rank's SFT trainer over the whole group, from rank 0's trainable weights."""
+    with torch.no_grad():
+        for p in policy.parameters():
+            if p.requires_grad:  # the rest comes from the same file (or seed) on every rank
+                dist.broadcast(p.data, src=0)
+    context = ContextGroup(cfg.train.context_attention)
+    return SFTTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.data.packing, cfg.data.pack_length or cfg.data.max_length,
+                      context=context)
+
+
+def _follower(rank: int, world: int, init: str, cfg_json: str, threads: int) -> None:
+    keep_freed_memory()
+    leave_to_the_parent()
+    torch.set_num_threads(threads)
+    cfg = RunConfig.model_validate_json(cfg_json)
+    torch.manual_seed(cfg.seed)
+    join_group(rank, world, init)
+    try:
+        policy, tok = load_policy(cfg.model.name)
+        t = cfg.train
+        if t.lora_r:
+            policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
+        trainer = _sft_trainer(cfg, policy, tok)
+        while True:
+            box = [None]
+            dist.broadcast_object_list(box, src=0)
+            if box[0] is None:
+                break
+            kind, arg = box[0]
+            if kind == "load":  # arg: the step of the checkpoint rank 0 resumed from
+                path = cfg.run_dir / "checkpoints" / f"step_{arg}"
+                load_weights(policy, path)
+                trainer.load_state_dict(load_trainer_state(path))
+            else:
+                getattr(trainer, kind)(arg)
+    finally:
+        dist.destroy_process_group()
+
+
+class ContextParallelTrainer:
+    """Rank 0's SFT trainer of a context-parallel run; the other ranks run in child processes."""
+
+    def __init__(self, cfg: RunConfig, policy, tok):
+        self.world = cfg.train.context_parallel
+        check_model(policy, self.world, cfg.train.context_attention)  # here, before any process starts
+        threads = cfg.threads or max(1, torch.get_num_threads() // self.world)  # the ranks share the cores
+        torch.set_num_threads(threads)
+        self.followers = Followers(self.world, "context-parallel trainer")
+        self.followers.start(_follower, cfg.model_dump_json(), threads)
+        self.inner = _sft_trainer(cfg, policy, tok)
+
+    def _tell(self, kind: str, arg) -> None:
+        self.followers.check_alive()
+        dist.broadcast_object_list([(kind, arg)], src=0)
+
+    def step(self, rows: list) -> dict:
+        self._tell("step", rows)
+        return self.inner.step(rows)
+
+    def evaluate(self, rows: list) -> dict:
+        self._tell("evaluate", rows)
+        return self.inner.evaluate(rows)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()  # the optimizer's state is the same on every rank
+
+    def load_state_dict(self, state: dict) -> None:
+        """`state` is a checkpoint's trainer state (with its `step`); the followers read that checkpoint."""
+        self._tell("load", state["step"])
+        self.inner.load_state_dict(state)
+
+    def close(self) -> None:
+        self.followers.stop(lambda: dist.broadcast_object_list([None], src=0))

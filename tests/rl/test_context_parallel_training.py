@@ -1,0 +1,147 @@
+"""Context-parallel SFT (`train.context_parallel`, `rl.context_parallel.packed`): two gloo processes,
+each running its zigzag shard of every packed micro-batch, give one process's loss and parameter
+gradients, by ring and by Ulysses attention, full fine-tuning and LoRA, over packed micro-batches
+of several documents (two micro-batches accumulated, one padded to the 2N chunks) and over a row
+whose loss tokens all sit on rank 0 (rank 1 still joins the backward). An SFT run with
+`train.context_parallel=2` trains like one process. And the one-line errors."""
+
+import json
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from longhaul.config import AlgoConfig, TrainConfig, load_config
+from longhaul.errors import LonghaulError
+from longhaul.rl.context_parallel.packed import check_split, document_ids
+from longhaul.rl.packed_forward import pack_shared
+from longhaul.runtime.context_trainers import check
+from tests.rl.test_distributed import _gloo_group, _lora, _started
+
+TRAIN = TrainConfig(lr=1e-3, micro_batch=2, autocast="none")
+CASES = {"ring": ("ring", False), "ulysses": ("ulysses", False), "ring lora": ("ring", True)}  # (attention, lora)
+# fp32: the shards' ring / Ulysses blocks against SDPA over whole rows, and the gradients summed over
+# two ranks in another order (measured: loss 6e-8 relative, gradients 4e-7 of the largest entry)
+TOL_LOSS, TOL_GRAD = 1e-5, 1e-5
+
+
+def _rows() -> dict[str, list]:
+    """"several": six rows (prompt tokens masked out), packed into bins of 40 tokens: two micro-batches,
+    79 and 18 tokens, the first padded from 75 flat rows to 76. "lone": one row of 17 tokens whose
+    loss tokens 2-4 are predicted by flat rows 1-3, all in rank 0's first zigzag chunk."""
+    g = torch.Generator().manual_seed(0)
+    several = []
+    for n, prompt in ((23, 8), (17, 5), (12, 4), (9, 3), (30, 11), (6, 2)):
+        several.append((torch.randint(3, 200, (n,), generator=g).tolist(), [0] * prompt + [1] * (n - prompt)))
+    lone = [(torch.randint(3, 200, (17,), generator=g).tolist(), [0, 0, 1, 1, 1] + [0] * 12)]
+    return {"several": several, "lone": lone}
+
+
+def _trainer(attention: str | None, lora: bool, packing: bool = True):
+    from longhaul.models import load_policy
+    from longhaul.rl.context_parallel.packed import ContextGroup
+    from longhaul.rl.sft import SFTTrainer
+
+    torch.manual_seed(0)  # the adapters' A: the same in every process
+    policy, tok = load_policy("tiny-llama")
+    if lora:
+        policy = _lora(policy)
+    context = ContextGroup(attention) if attention else None
+    return SFTTrainer(policy, tok.pad_token_id, AlgoConfig(name="sft"), TRAIN, packing=packing, max_length=40, context=context)
+
+
+def _gradients(trainer, rows) -> tuple[float, dict]:
+    """The batch's loss and the trainable parameters' gradients after one `backward`."""
+    loss = trainer.backward(rows)
+    return loss, {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def _rank(rank: int, world: int, init: str, path: str, out) -> None:
+    torch.set_num_threads(1)
+    with _gloo_group(rank, world, init):
+        got = {(case, name): _gradients(_trainer(attention, lora), rows)
+               for case, (attention, lora) in CASES.items() for name, rows in _rows().items()}
+        try:
+            _trainer("ring", False, packing=False)
+            refused = ""
+        except LonghaulError as e:
+            refused = str(e)
+        if rank == 0:  # tensors go through a file: a queue would share memory with a process about to exit
+            torch.save(got, path)
+            out.put(refused)
+            out.close()
+            out.join_thread()
+
+
+def test_two_ranks_give_one_process_loss_and_gradients(tmp_path):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init, path = f"file://{tmp_path / 'rendezvous'}", str(tmp_path / "rank0.pt")
+    procs = [ctx.Process(target=_rank, args=(r, 2, init, path, out)) for r in range(2)]
+    refused = _started(procs, out, timeout=240)
+    got = torch.load(path)
+    lines, bad = [], []
+    for (case, name), (loss, grads) in got.items():
+        ref_loss, ref = _gradients(_trainer(None, CASES[case][1]), _rows()[name])
+        scale = max(g.abs().max().item() for g in ref.values())
+        d_loss = abs(loss - ref_loss) / abs(ref_loss)
+        d_grad = max((grads[n] - ref[n]).abs().max().item() for n in ref) / scale
+        assert grads.keys() == ref.keys()
+        lines.append(f"{case:9} {name:7} loss {ref_loss:.5f} rel diff {d_loss:.2e}  grads max diff / max |grad| {d_grad:.2e}")
+        bad += [lines[-1]] if d_loss > TOL_LOSS or d_grad > TOL_GRAD else []
+    print("context_parallel=2 against one process:\n" + "\n".join(lines))
+    assert not bad, f"over loss {TOL_LOSS:g} / gradients {TOL_GRAD:g}:\n" + "\n".join(bad)
+    assert refused == "train.context_parallel splits each packed row over its processes; set data.packing=true"
+
+
+def _sft_config(tmp_path, name: str, *more: str):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {i} " * (i % 3 + 1)},
+                                                     {"role": "assistant", "content": w * (i % 2 + 1)}]}) + "\n"
+                            for i, w in enumerate(["apple", "river", "stone", "cloud", "amber", "maple", "cedar", "lemon"])))
+    return load_config(None, [f"name={name}", f"output_dir={tmp_path}", "model.name=tiny-llama", "algo.name=sft", f"data.path={rows}",
+                              "data.packing=true", "data.max_length=64", "data.batch_size=4", "train.steps=2", "train.micro_batch=1",
+                              "train.autocast=none", "train.lr=1e-3", "threads=1", "log.progress=false", "log.tensorboard=false", *more])
+
+
+@pytest.mark.slow  # ~10 s on 2 loaded cores: a follower process starts twice; the fast test above checks the maths
+def test_an_sft_run_split_over_two_processes_trains_and_resumes_like_one(tmp_path):
+    """Ulysses over two processes, one step, then resumed for the second (the follower reads the checkpoint)."""
+    from safetensors.torch import load_file
+
+    from longhaul.runtime.offline import run_offline
+
+    one = run_offline(_sft_config(tmp_path, "one"))
+    split = ("train.context_parallel=2", "train.context_attention=ulysses")
+    run_offline(_sft_config(tmp_path, "two", *split, "train.steps=1"))
+    two = run_offline(_sft_config(tmp_path, "two", *split), resume=True)
+    losses = [{r["step"]: r["loss"] for r in map(json.loads, (tmp_path / n / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
+              for n in ("one", "two")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5) and len(losses[0]) == 2
+    assert one["heldout"]["after"] == pytest.approx(two["heldout"]["after"], rel=1e-5)
+    wa, wb = (load_file(tmp_path / n / "checkpoints" / "step_2" / "model.safetensors") for n in ("one", "two"))
+    worst = max((wa[k] - wb[k]).abs().max().item() for k in wa)
+    # Adam's step, lr * m / (sqrt(v) + eps), turns the rounding of a near-zero gradient into up to lr
+    # (measured 3.5e-5 here, lr 1e-3); a wrong gradient moves weights by ~lr each
+    assert worst < 1e-4, f"max parameter difference {worst:.3g}"
+
+
+def test_bad_context_parallel_settings_get_one_line(tmp_path):
+    with pytest.raises(LonghaulError, match=r"train.context_parallel"):
+        load_config(None, ["train.context_parallel=0"])
+    with pytest.raises(LonghaulError) as e:
+        check_split(heads=4, world=3, attention="ulysses")
+    assert str(e.value) == ("train.context_attention=ulysses splits the 4 query heads over train.context_parallel=3 processes, which "
+                            "does not divide them; set train.context_parallel to a divisor of 4 or train.context_attention=ring")
+    check_split(heads=4, world=3, attention="ring")  # ring takes any N
+    from longhaul.models import load_policy
+
+    with pytest.raises(LonghaulError, match=r"^train.context_attention=ulysses splits the 4 query heads over train.context_parallel=3 "):
+        check(_sft_config(tmp_path, "y", "train.context_parallel=3", "train.context_attention=ulysses"), True, load_policy("tiny-llama")[0])
+    cfg = _sft_config(tmp_path, "x", "train.context_parallel=2")
+    with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 splits each packed row over 2 processes; set data.packing=true$"):
+        check(cfg.model_copy(update={"data": cfg.data.model_copy(update={"packing": False})}), splits=True)
+    with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 splits packed SFT rows; algo.name=sft does not take it; "):
+        check(cfg, splits=False)
+    with pytest.raises(LonghaulError, match=r"not a prompt shared by several completions; set train.share_prompt=false$"):
+        document_ids(pack_shared([5, 6, 7], [[8, 9], [10, 11, 12]], pad_id=0))
