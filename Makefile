@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow setup bwrap kernels model clean-runs
+.PHONY: demo test test-slow setup bwrap kernels scene3d model clean-runs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-setup: $(STAMP) bwrap kernels
+setup: $(STAMP) bwrap kernels scene3d
 
 # the native decode kernels (ops/csrc) need a C++ compiler; build them once here so
 # no run pays the minute; without a compiler the engine says so and keeps torch's ops
@@ -39,6 +39,21 @@ bwrap:
 	    (apt-get install -y -q redis-server >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null)) \
 	      || echo "warning: could not install redis-server; the Redis job-broker tests will be skipped"; \
 	  else echo "warning: redis-server missing (apt-get install redis-server); the Redis job-broker tests will be skipped"; fi; }
+
+# scene3d checks its Three.js pages in headless Chromium (apt) with three from npm, cached per machine.
+THREE_CACHE := $(HOME)/.cache/longhaul/three
+THREE_VERSION := 0.187.0
+scene3d:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) \
+	      || echo "warning: could not install chromium; the scene3d browser tests will be skipped"; \
+	  else echo "warning: chromium missing (apt-get install chromium); the scene3d browser tests will be skipped"; fi; }
+	@test -f $(THREE_CACHE)/node_modules/three/build/three.module.js || { \
+	  if command -v npm >/dev/null 2>&1; then \
+	    (mkdir -p $(THREE_CACHE) && npm install -q --no-audit --no-fund --prefix $(THREE_CACHE) three@$(THREE_VERSION) >/dev/null) \
+	      || echo "warning: could not npm install three; the scene3d browser tests will be skipped"; \
+	  else echo "warning: npm missing (apt-get install npm); the scene3d browser tests will be skipped"; fi; }
 
 model: setup
 	$(BIN)/longhaul model prepare smollm2-135m-instruct

@@ -52,7 +52,7 @@ def test_the_copy_hashes_like_the_installed_package(baseline):
     assert baseline == {n: f.content_hash() for n, f in FAMILIES.items()}
 
 
-WORKSPACE = {"bugfix", "terminal", "multistep"}
+WORKSPACE = {"bugfix", "terminal", "multistep", "scene3d"}
 
 
 @pytest.mark.parametrize("rel, stale", [
@@ -60,7 +60,7 @@ WORKSPACE = {"bugfix", "terminal", "multistep"}
     ("envs/multistep.py", {"multistep"}),
     ("envs/state_check.py", {"terminal", "multistep"}),  # the checker program, a file state_task.py names
     ("envs/state_task.py", {"terminal", "multistep"}),
-    ("envs/kit.py", {"funcgen", "echo", "terminal", "multistep"}),
+    ("envs/kit.py", {"funcgen", "echo", "terminal", "multistep", "scene3d"}),
     ("envs/wheel.py", {"terminal"}),
     ("envs/workspace.py", WORKSPACE),  # the env every workspace task runs in
     ("sandbox/spec.py", WORKSPACE),  # reached through workspace -> longhaul.sandbox's __init__

@@ -105,7 +105,7 @@ _ANSWER = {
     "echo": Family("echo", echo.VERSION, "answer", echo.make_split, (), (1, 2, 3), score_many=echo.score_many,
                    reference_reply=lambda t: t.target, modules=(echo.__name__,)),
 }
-_WORKSPACE = ("bugfix", "terminal", "multistep")  # modules of longhaul.envs, imported on first use
+_WORKSPACE = ("bugfix", "terminal", "multistep", "scene3d")  # modules of longhaul.envs, imported on first use
 
 
 def families() -> dict[str, Family]:
@@ -119,7 +119,7 @@ def families() -> dict[str, Family]:
 def _workspace_family(name: str) -> Family:
     mod = importlib.import_module(f"longhaul.envs.{name}")
     return Family(mod.FAMILY, mod.VERSION, "workspace", mod.make_split, tuple(mod.SUBFAMILIES), tuple(mod.DIFFICULTIES),
-                  modules=(mod.__name__,))
+                  make_env=getattr(mod, "make_env", None), modules=(mod.__name__,))
 
 
 def load_object(spec: str, what: str):

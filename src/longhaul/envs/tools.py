@@ -125,21 +125,23 @@ def parse_message(message: dict | str) -> list[ToolCall]:
     return parse_text(message.get("content") or "")
 
 
-def check_arguments(call: ToolCall) -> str | None:
-    """Why a call does not fit its tool's schema (unknown tool, missing or mistyped argument), else None."""
-    if call.name not in TOOLS:
-        return f"unknown tool {call.name!r}; the tools are {', '.join(TOOLS)}"
-    params = TOOLS[call.name]["function"]["parameters"]
+def check_arguments(call: ToolCall, tools: dict | None = None) -> str | None:
+    """Why a call does not fit its tool's schema (unknown tool, missing or mistyped argument), else None;
+    `tools` is a name -> schema dict (default: the workspace tools)."""
+    tools = TOOLS if tools is None else tools
+    if call.name not in tools:
+        return f"unknown tool {call.name!r}; the tools are {', '.join(tools)}"
+    params = tools[call.name]["function"]["parameters"]
     for req in params["required"]:
         if req not in call.arguments:
             return f"{call.name} needs the argument {req!r}"
-    types = {"string": str, "integer": int, "number": (int, float)}
+    types = {"string": str, "integer": int, "number": (int, float), "object": dict, "boolean": bool}
     for key, value in call.arguments.items():
         spec = params["properties"].get(key)
         if spec is None:
             return f"{call.name} has no argument {key!r}; its arguments are {', '.join(params['properties']) or 'none'}"
         want = types[spec["type"]]
-        if not isinstance(value, want) or isinstance(value, bool):
+        if not isinstance(value, want) or (isinstance(value, bool) and spec["type"] != "boolean"):
             return f"{call.name}: argument {key!r} must be a {spec['type']}, got {type(value).__name__}"
     return None
 
