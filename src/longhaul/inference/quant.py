@@ -35,7 +35,7 @@ from torch import nn
 
 from longhaul.errors import LonghaulError
 from longhaul.ops.kernels import native
-from longhaul.ops.linear import panel_width
+from longhaul.ops.linear import DequantizedCopy, panel_width
 
 Axis = Literal["token", "channel"]
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -65,12 +65,12 @@ class Int8Linear(nn.Module):
     On CPU, calls of up to `KERNEL_ROWS` rows use the native int8 kernel once `use_native` packed
     the codes (the engine's packer does): it quantizes x per 32 values to int8 (scale max|x| / 127,
     as llama.cpp's Q8_0 dot products do) and sums exact integer products, so its y is that of x
-    on this grid (each value within half its group's step). Otherwise, for bf16/fp16 inputs, `torch._weight_int8pack_mm`
-    (int8 weights, scales in x's dtype, 2-D contiguous x); more rows, float32 inputs without the
-    kernel and other devices multiply by the weight cast to x's dtype and scale the output
-    (exact: the scale is per output channel). Measured on one Sapphire Rapids core (benchmarks/quant_quality.py): the
-    kernel beats bf16 `F.linear` at 1 row, loses from 8, and loses to the cast beyond ~16; the
-    float32 int8pack kernel exists but is 10-50x slower than the cast at 8+ rows.
+    on this grid (each value within half its group's step). Calls of more rows on CPU (prefill,
+    large batches) multiply by the dequantized weight, oneDNN-packed once per dtype
+    (`linear.DequantizedCopy`: a float copy beside the codes). Otherwise, for few bf16/fp16 rows
+    without the kernel, `torch._weight_int8pack_mm` (int8 weights, scales in x's dtype); float32
+    inputs without the kernel and other devices multiply by the weight cast to x's dtype and scale
+    the output (exact: the scale is per output channel).
     """
 
     KERNEL_ROWS = 16
@@ -81,6 +81,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale.float().contiguous())  # (out,)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self._native = None  # (kernel, panels) once `use_native` packed the codes
+        self._large = None  # DequantizedCopy, made by the first call of more than KERNEL_ROWS rows
 
     def use_native(self, kernel, nr: int = 0) -> "Int8Linear":
         """Take calls of up to `KERNEL_ROWS` rows through the native int8 kernel
@@ -114,6 +115,11 @@ class Int8Linear(nn.Module):
         native = self._native
         if native is not None and x2.shape[0] <= self.KERNEL_ROWS and x.dtype in (torch.float32, torch.bfloat16):
             y = native[0].mm_int8(x2, native[1], scale, _EMPTY if bias is None else bias)
+            return y if x.dim() == 2 else y.view(*x.shape[:-1], -1)
+        if x.is_cpu and x2.shape[0] > self.KERNEL_ROWS:  # prefill, large batches: a GEMM over the float weight
+            if self._large is None:
+                self._large = DequantizedCopy(self.dequantize, bias)
+            y = self._large(x2)
             return y if x.dim() == 2 else y.view(*x.shape[:-1], -1)
         if scale.dtype != x.dtype:
             scale = scale.to(x.dtype)

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from longhaul.errors import LonghaulError
 from longhaul.ops.kernels import native
-from longhaul.ops.linear import PackedLinear, panel_width
+from longhaul.ops.linear import DequantizedCopy, panel_width
 
 GROUP = 32
 _EMPTY = torch.empty(0)
@@ -129,7 +128,7 @@ class BlockLinear:
         self.out_features, self.in_features = u.shape
         self.bias = None if bias is None else bias.detach().float().contiguous()
         self.dtype = dtype
-        self._large = None
+        self._large = DequantizedCopy(self.dequantize, self.bias)
         self._kernel = native()
         self._packed = None
         if self._kernel is not None:
@@ -156,7 +155,7 @@ class BlockLinear:
             y = self._kernel.mm_blocks(x2, codes, d, m, self.format.bits, self.format.offset, self.out_features,
                                        _EMPTY if self.bias is None else self.bias)
         else:
-            y = self._dense(x2)
+            y = self._large(x2)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], -1)
 
     def native_description(self):
@@ -166,16 +165,6 @@ class BlockLinear:
         codes, d, m = self._packed
         bias = _EMPTY if self.bias is None else self.bias
         return (self.format.name, codes, d, m, bias, self.out_features, self.format.bits, self.format.offset), self.KERNEL_ROWS
-
-    def _dense(self, x: torch.Tensor) -> torch.Tensor:
-        if self._large is None or self._large[0] != x.dtype:
-            w = self.dequantize(x.dtype)
-            bias = None if self.bias is None else self.bias.to(x.dtype)
-            try:
-                self._large = (x.dtype, PackedLinear(w, bias))
-            except RuntimeError:  # no oneDNN linear ops in this build
-                self._large = (x.dtype, lambda t, w=w, b=bias: F.linear(t, w, b))
-        return self._large[1](x)
 
 
 def concat(parts: list[BlockLinear], bias: torch.Tensor | None = None) -> BlockLinear:

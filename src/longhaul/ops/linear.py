@@ -197,3 +197,25 @@ def native_layers(layers) -> tuple[list, int] | None:
         (dq, _), (do, _), (dg, _), (dd, _) = linears
         out.append((ln1, dq, do, ln2, dg, dd))
     return out, rows
+
+
+class DequantizedCopy:
+    """A quantized linear's weight dequantized once (per input dtype) and oneDNN-packed, for calls
+    of many rows (prefill chunks, large decode batches), where a plain GEMM over the float weight
+    beats the integer kernels. `dequantize(dtype)` gives the float weight; bias is fp32 or None.
+    Costs a float copy of the weight beside the codes, made on first use."""
+
+    def __init__(self, dequantize, bias: torch.Tensor | None):
+        self._dequantize, self._bias, self._by_dtype = dequantize, bias, {}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        fn = self._by_dtype.get(x.dtype)
+        if fn is None:
+            w = self._dequantize(x.dtype)
+            b = None if self._bias is None else self._bias.to(x.dtype)
+            try:
+                fn = PackedLinear(w, b)
+            except RuntimeError:  # no oneDNN linear ops in this build
+                fn = lambda t, w=w, b=b: F.linear(t, w, b)  # noqa: E731
+            self._by_dtype[x.dtype] = fn
+        return fn(x)
