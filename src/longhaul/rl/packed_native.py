@@ -7,20 +7,16 @@ gradients of a fused projection (qkv, gate_up) are written into one buffer inste
 together from its parts. Numerics: equal to the torch ops of `packed_forward` to rounding.
 
 Owns the kernels' autograd wrappers and when they can run (`kernels_for`). Does not own the
-layout (`packed_forward.PackedBatch`) or the decoder loop (`packed_forward.hidden_states`).
+layout (`packed_forward.PackedBatch`, the `b` each function takes; not imported here, since
+`packed_forward` imports this module) or the decoder loop (`packed_forward.hidden_states`).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from longhaul.ops.kernels import native
-
-if TYPE_CHECKING:
-    from longhaul.rl.packed_forward import PackedBatch
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -34,7 +30,7 @@ class _NativeAttentionPack(torch.autograd.Function):
     tensors, its gradient is one (N, (Hq + 2 Hkv) D) tensor too: no cat of the parts."""
 
     @staticmethod
-    def forward(ctx, qkv, k, v, cos, sin, b: PackedBatch, hq: int, hkv: int, native):
+    def forward(ctx, qkv, k, v, cos, sin, b, hq: int, hkv: int, native):
         n = qkv.shape[0]
         d = cos.shape[1]
         q = qkv if k is not None else qkv[:, :hq * d]
@@ -62,7 +58,7 @@ class _NativeAttentionUnpack(torch.autograd.Function):
     two steps) in one native pass each way."""
 
     @staticmethod
-    def forward(ctx, o, b: PackedBatch, hq: int, native):
+    def forward(ctx, o, b, hq: int, native):
         ctx.b, ctx.shape, ctx.native = b, (o.shape[0], o.shape[1], o.shape[2] // (hq // o.shape[1]), hq), native
         return native.attention_unpack(_unit_last(o), b.out_index, hq)
 
@@ -72,7 +68,7 @@ class _NativeAttentionUnpack(torch.autograd.Function):
         return ctx.native.attention_unpack_backward(_unit_last(g), ctx.b.out_index, R, tq, hkv, hq), None, None, None
 
 
-def native_attention(qkv, b: PackedBatch, cos, sin, hq: int, hkv: int, mask: torch.Tensor, native) -> torch.Tensor:
+def native_attention(qkv, b, cos, sin, hq: int, hkv: int, mask: torch.Tensor, native) -> torch.Tensor:
     """`_attention` after RoPE, through the native layout kernels: qkv is the fused (N, width)
     projection or its (q, k, v) parts."""
     parts = (qkv[0], None, None) if len(qkv) == 1 else qkv
