@@ -247,6 +247,8 @@ def generate_cmd(
     json_out: bool = typer.Option(False, "--json", help="one JSON object a line per output"),
     speculative_config: Optional[str] = typer.Option(None, "--speculative-config",
                                                      help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\''),
+    quantization: Optional[str] = typer.Option(None, "--quantization",
+                                               help="int8, q8_0, q4_0, q4_1 (quantized at load) or gguf (the model's GGUF blocks as stored)"),
 ):
     """Generate completions with the built-in inference engine."""
     import json
@@ -277,7 +279,9 @@ def generate_cmd(
         except ValidationError as e:
             err = e.errors()[0]
             raise LonghaulError(f"--speculative-config: {'.'.join(map(str, err['loc'])) or 'value'}: {err['msg']}") from None
-    engine = LLMEngine(model=model, dtype=dtype, speculative_config=spec)
+    if quantization not in (None, "int8", "q8_0", "q4_0", "q4_1", "gguf"):
+        raise LonghaulError(f"--quantization must be int8, q8_0, q4_0, q4_1 or gguf, got {quantization!r}")
+    engine = LLMEngine(model=model, dtype=dtype, speculative_config=spec, quantization=quantization)
     tok = engine.tokenizer
     if chat and getattr(tok, "chat_template", None):
         ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False),
