@@ -6,15 +6,18 @@ than that makes them wait at every parallel region for a peer that has no CPU to
 
 Reads cgroup v2 (`cpu.max`) and v1 (`cpu.cfs_quota_us` / `cpu.cfs_period_us`) along the
 process's cgroup path up to the root (a parent's quota binds too), and rounds the tightest
-quota up to whole CPUs; and sets the niceness a worker process runs at (`match_priority`). Owns
-the count and the niceness; who uses how many threads is the caller's choice.
+quota up to whole CPUs; measures what other processes use of those CPUs (`CpuLoad`); and sets
+the niceness a worker process runs at (`match_priority`). Owns the count, the measurement and
+the niceness; who uses how many threads is the caller's choice.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
+from typing import Callable
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -84,6 +87,114 @@ def available_cpus(proc_cgroup: str | None = None, root: Path = CGROUP_ROOT) -> 
     if quota is not None:
         n = min(n, max(1, math.ceil(quota - 1e-9)))
     return max(1, n)
+
+
+def _own_cgroup(proc_cgroup: str) -> tuple[str, str] | None:
+    """('v2', path) or ('v1', cpuacct path) of this process's cgroup, from /proc/self/cgroup."""
+    for line in proc_cgroup.splitlines():
+        hid, _, rest = line.partition(":")
+        controllers, _, rel = rest.partition(":")
+        if hid == "0" and controllers == "":
+            return "v2", rel
+        if "cpuacct" in controllers.split(","):
+            return "v1", rel
+    return None
+
+
+def _cgroup_usage_reader(root: Path = CGROUP_ROOT, proc_cgroup: str | None = None) -> Callable[[], float] | None:
+    """Seconds of CPU every process of this cgroup has used (cumulative), or None when unreadable."""
+    try:
+        proc_cgroup = Path("/proc/self/cgroup").read_text() if proc_cgroup is None else proc_cgroup
+    except OSError:
+        return None
+    own = _own_cgroup(proc_cgroup)
+    if own is None:
+        return None
+    kind, rel = own
+    if kind == "v2":
+        path = root / rel.lstrip("/") / "cpu.stat"
+
+        def read() -> float:
+            for line in path.read_text().splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
+            raise OSError(f"{path} has no usage_usec")
+    else:
+        path = next((root / m / rel.lstrip("/") / "cpuacct.usage" for m in ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")
+                     if (root / m).is_dir()), None)
+        if path is None:
+            return None
+
+        def read() -> float:
+            return int(path.read_text()) / 1e9
+    try:
+        read()
+    except (OSError, ValueError):
+        return None
+    return read
+
+
+def proc_stat_busy(text: str, cpus: set[int], hz: int) -> float:
+    """Busy seconds summed over `cpus` from the text of /proc/stat: user, nice, system, irq and
+    softirq (guest time is inside user); idle, iowait and steal are time nothing here ran."""
+    busy = 0
+    for line in text.splitlines():
+        if not line.startswith("cpu") or line.startswith("cpu "):
+            continue
+        name, *fields = line.split()
+        if int(name[3:]) in cpus:
+            f = [int(x) for x in fields]
+            busy += f[0] + f[1] + f[2] + f[5] + f[6]
+    return busy / hz
+
+
+class CpuLoad:
+    """What other processes use of the CPUs this process may run on, in CPUs, between readings.
+
+    Busy time comes from the process's cgroup when a CPU quota binds it (`cpu.stat` in v2,
+    `cpuacct.usage` in v1: a pod's neighbours on the node are not ours to yield to), otherwise
+    from /proc/stat over the CPUs of the affinity mask; this process's own time
+    (`time.process_time`, every thread) is taken off. Other processes include this one's children
+    (a sandboxed command competes like any other). `open()` is None where neither is readable."""
+
+    def __init__(self, cpus: int, busy: Callable[[], float], own: Callable[[], float] = time.process_time,
+                 clock: Callable[[], float] = time.monotonic):
+        self.cpus, self._busy, self._own, self._clock = cpus, busy, own, clock
+        self._last = self._read()
+
+    @classmethod
+    def open(cls) -> "CpuLoad | None":
+        try:
+            mask = set(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            return None
+        busy = _cgroup_usage_reader() if cgroup_cpu_quota() is not None else None
+        if busy is None:
+            hz = os.sysconf("SC_CLK_TCK")
+            stat = Path("/proc/stat")
+
+            def busy() -> float:
+                return proc_stat_busy(stat.read_text(), mask, hz)
+        try:
+            busy()
+        except (OSError, ValueError):
+            return None
+        return cls(available_cpus(), busy)
+
+    def _read(self) -> tuple[float, float, float]:
+        return self._clock(), self._busy(), self._own()
+
+    def elapsed(self) -> float:
+        """Seconds since the last reading."""
+        return self._clock() - self._last[0]
+
+    def others(self) -> tuple[float, float]:
+        """(seconds since the last reading, CPUs' worth other processes used over them)."""
+        t, busy, own = self._read()
+        t0, busy0, own0 = self._last
+        self._last = (t, busy, own)
+        dt = t - t0
+        return dt, (max(0.0, (busy - busy0) - (own - own0)) / dt if dt > 0 else 0.0)
 
 
 def apply_default_threads() -> int:

@@ -33,7 +33,7 @@ class EngineConfig(BaseModel):
     # gguf: the block-quantized tensors of the model's own GGUF file, as stored (gguf_weights.py)
     quantization: Literal["int8", "q8_0", "q4_0", "q4_1", "gguf"] | None = None
     kv_cache_dtype: Literal["auto", "int8", "int4"] = "auto"  # auto: the model dtype; int8/int4 codes via kv_quant.py
-    adaptive_threads: bool = True  # time steps at fewer threads now and then and keep the fastest (threads.py): a shared machine
+    adaptive_threads: bool = True  # as many threads as other processes leave CPUs free (threads.py): a shared machine
     seed: int = 0  # seeds requests that bring none (request i gets a seed derived from this and i)
 
     @property

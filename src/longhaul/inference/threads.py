@@ -1,15 +1,25 @@
-"""`ThreadGovernor`: the engine's intra-op thread count, chosen from measured step times.
+"""`ThreadGovernor`: the engine's intra-op thread count, chosen from what the machine has free.
 
 A decode step of a small model is hundreds of short parallel regions, each ending at a join
 where every thread must arrive. When another process shares the cores, one of the engine's
 threads is often descheduled and every region waits for it: two threads on two cores beside
 one busy process can run several times slower than one thread. No static count is right on a
-shared machine, so the governor measures: every so often it runs a few steps at each candidate
-count (the cap the caller set, half of it, one) and keeps the fastest, probing again sooner
-after a change and less often while the choice holds (its interval doubles up to a bound).
+shared machine, so the governor measures.
 
-Only steps of the same shape (sequences, new tokens) are compared; a probe whose shape
-changes is dropped. The first step after a switch is not timed (the thread pool wakes up).
+Where the kernel's counters are readable (`cpus.CpuLoad`: Linux), it reads what other processes
+used of this process's CPUs over the last quarter second and runs as many threads as leave them
+room: a neighbour using more than 0.4 of a CPU takes a thread away, and the thread comes back
+once the neighbours use at most 0.25 (a band, so that a neighbour near the line does not make
+the count flap). The first choice is made after a twentieth of a second (two threads beside a
+busy neighbour can take that long for one step). Nothing is timed and no step runs at a count
+it would not choose.
+
+Elsewhere it times steps: every so often it runs a few steps at each candidate count (the cap
+the caller set, half of it, one) and keeps the fastest, probing again sooner after a change and
+less often while the choice holds (its interval doubles up to a bound). Only steps of the same
+shape (sequences, new tokens) are compared; a probe whose shape changes is dropped. The first
+step after a switch is not timed (the thread pool wakes up).
+
 Thread count does not change what is computed: the native kernels split work by output
 columns, never along a reduction, so outputs are the same whichever count runs (tested).
 
@@ -18,17 +28,26 @@ Owns the choice and its timing only; the caller brackets each step with `begin` 
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Callable
 
 import torch
 
+from longhaul.cpus import CpuLoad
+
+WINDOW_S = 0.25  # how long a reading of the neighbours' CPU use averages over
+FIRST_WINDOW_S = 0.05  # ... but the first choice is made as soon as this much has passed
+TAKE = 0.4  # a neighbour using more than this share of a CPU takes a thread away
+GIVE = 0.25  # ... and the thread comes back when neighbours use at most this much
+
 
 class ThreadGovernor:
     def __init__(self, probe_steps: int = 3, first_probe: int = 4, min_interval: int = 32, max_interval: int = 512,
                  clock: Callable[[], float] = time.perf_counter, set_threads: Callable[[int], None] = torch.set_num_threads,
-                 get_threads: Callable[[], int] = torch.get_num_threads):
+                 get_threads: Callable[[], int] = torch.get_num_threads, load: CpuLoad | None | str = "auto"):
+        self.load = CpuLoad.open() if load == "auto" else load  # None: time steps instead
         self.probe_steps = probe_steps  # timed steps per candidate; the median decides
         self.min_interval, self.max_interval = min_interval, max_interval  # steps between probes
         self.clock, self._set, self._get = clock, set_threads, get_threads
@@ -56,6 +75,13 @@ class ThreadGovernor:
         if cap <= 1:
             self._step = None
             return cur
+        if self.load is not None:
+            n = self._sensed(cap)
+            if n != cur:
+                self._set(n)
+            self._applied = n
+            self._step = None
+            return n
         if self._plan and shape != self._shape:
             self._plan, self._times = [], {}  # the batch changed under the probe: try again soon
             self._until_probe = 1
@@ -75,6 +101,21 @@ class ThreadGovernor:
         self._applied = n
         self._step = (n, timed, self.clock())
         return n
+
+    def _sensed(self, cap: int) -> int:
+        """The count for the next step from the neighbours' CPU use (read at most every WINDOW_S)."""
+        n = min(self.choice or cap, cap)
+        if self.load.elapsed() < (WINDOW_S if self.choice is not None else FIRST_WINDOW_S):
+            return n
+        _, others = self.load.others()
+        free = self.load.cpus - others
+        want = max(1, min(cap, math.floor(free + TAKE)))
+        if want > n:
+            want = max(n, min(want, math.floor(free + GIVE)))
+        if want != n:
+            self.switches += 1
+        self.choice = want
+        return want
 
     def release(self) -> None:
         """Give the caller's thread count back (e.g. when `generate` returns to a trainer)."""
