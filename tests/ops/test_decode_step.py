@@ -1,4 +1,4 @@
-"""`decode_layers` (csrc/decode_step.cpp): a decode step's layers in one native call give the
+"""`DecodeLayers` (csrc/decode_step.cpp): a decode step's layers in one native call give the
 runner's per-layer Python path's logits bit for bit, in every weight format with a native
 kernel; steps it cannot take (prefill chunks, a recorder, too many rows) keep the Python path."""
 
@@ -39,16 +39,17 @@ def test_steps_it_cannot_take_keep_the_python_path(native, monkeypatch):
     model, _ = load_policy("tiny-llama")
     runner = LLMEngine(model, dtype="bfloat16", adaptive_threads=False, num_kv_blocks=64, block_size=4).runner
     calls = []
-    monkeypatch.setattr(runner, "native", _Counting(runner.native, calls))
+    layers, limit = runner._native_layers  # limit: the bf16 kernel's rows, where oneDNN takes larger calls
+    assert len(layers) == len(runner.layers)
+    monkeypatch.setattr(runner, "_native_layers", (_Counting(layers, calls), limit))
     runner.forward(runner.prepare([BatchItem([5, 9, 2], 0, [0])]))  # a prefill chunk
-    assert "decode_layers" not in calls
-    limit = runner._native_layers[1]  # the bf16 kernel's rows, where oneDNN takes larger calls
+    assert "run" not in calls
     if limit < 64:
         many = [BatchItem([3], 0, [i]) for i in range(limit + 1)]
         runner.forward(runner.prepare(many))
-        assert "decode_layers" not in calls
+        assert "run" not in calls
     runner.forward(runner.prepare([BatchItem([3], 0, [40]), BatchItem([4], 0, [41])]))
-    assert "decode_layers" in calls
+    assert "run" in calls
 
 
 class _Counting:

@@ -1,4 +1,5 @@
-"""The native int8 decode GEMM (`csrc/small_gemm_int8.cpp`, `Int8Linear.use_native`): activations
+"""The native int8 decode GEMM (`csrc/small_gemm_blocks.cpp` with one scale an output,
+`Int8Linear.use_native`): activations
 quantized per 32 values, integer dot products. Against an fp64 matmul of the activations on the
 same int8 grid (computed here the way the kernel computes it, in fp32) and the dequantized
 weights, on each path the host runs (the AVX2 one on every host); the distance to the
@@ -81,8 +82,10 @@ def test_the_engine_packer_uses_the_kernel_and_refuses_bad_widths(native, monkey
     monkeypatch.delenv("LONGHAUL_GEMM_PANEL", raising=False)
     lin, left = quantize_linear(torch.randn(40, 16), torch.randn(40))
     assert left is None and lin._native is not None
-    assert lin._native[1].shape[2] == (16 if native.has_avx512_vnni() else 8)
+    assert lin._native[1].shape[1] == 32 * (16 if native.has_avx512_vnni() else 8)  # one group of 32 k, nr outputs
     monkeypatch.setenv("LONGHAUL_GEMM_PANEL", "8")
-    assert quantize_linear(torch.randn(40, 16))[0]._native[1].shape[2] == 8
+    assert quantize_linear(torch.randn(40, 16))[0]._native[1].shape[1] == 32 * 8
     with pytest.raises(RuntimeError, match="8 or 16"):
-        native.pack_int8(torch.zeros(4, 4, dtype=torch.int8), 4)
+        native.pack_blocks(torch.zeros(4, 4, dtype=torch.uint8), torch.empty(0), torch.empty(0), 8, 128, 4)
+    with pytest.raises(RuntimeError, match="per-channel"):
+        native.pack_blocks(torch.zeros(4, 4, dtype=torch.uint8), torch.empty(0), torch.empty(0), 4, 8, 8)

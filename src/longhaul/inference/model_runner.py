@@ -165,7 +165,9 @@ class ModelRunner:
             down, down_b = packer(L.down, L.down_b)
             self._exec.append((L.ln1, qkv, qkv_b, o, o_b, L.ln2, gate_up, gate_up_b, down, down_b))
         self._lm_head = head_packer(self.lm_head, None)[0]
-        self._native_layers = native_layers(self._exec) if self.native is not None else None
+        described = native_layers(self._exec) if self.native is not None else None
+        # (the layers parsed once for one-call decode steps, the most rows every linear takes natively)
+        self._native_layers = (self.native.DecodeLayers(described[0]), described[1]) if described is not None else None
 
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> int:
@@ -248,8 +250,8 @@ class ModelRunner:
         if self.fused_step and fused_cache and rec is None and self._native_layers is not None and batch.num_decode == n \
                 and n <= self._native_layers[1]:
             layers = ()  # every layer in one native call
-            h = self.native.decode_layers(h, self._native_layers[0], self.kv.k, self.kv.v, cos, sin, batch.slot_mapping,
-                                          batch.decode_block_tables, batch.decode_lens, self.kv.block_size, hq, self.eps)
+            h = self._native_layers[0].run(h, self.kv.k, self.kv.v, cos, sin, batch.slot_mapping,
+                                           batch.decode_block_tables, batch.decode_lens, self.kv.block_size, hq, self.eps)
         for i, (ln1, qkv_w, qkv_b, o_w, o_b, ln2, gu_w, gu_b, down_w, down_b) in enumerate(layers):
             # a recorded forward: the projections are written straight into the recorder's rows
             outs = rec.outputs(i) if rec is not None else nothing

@@ -84,10 +84,12 @@ class Int8Linear(nn.Module):
         self._large = None  # DequantizedCopy, made by the first call of more than KERNEL_ROWS rows
 
     def use_native(self, kernel, nr: int = 0) -> "Int8Linear":
-        """Take calls of up to `KERNEL_ROWS` rows through the native int8 kernel
-        (`csrc/small_gemm_int8.cpp`: codes in 8- or 16-output panels of k quads, AVX512-VNNI or
-        AVX2 integer dot products); a second copy of the codes, in the kernel's order."""
-        self._native = (kernel, kernel.pack_int8(self.codes, nr))
+        """Take calls of up to `KERNEL_ROWS` rows through the native integer kernel
+        (`csrc/small_gemm_blocks.cpp` with one scale an output: codes in 8- or 16-output panels
+        of k quads, AVX512-VNNI or AVX2 integer dot products); a second copy of the codes, in the
+        kernel's order, stored as code + 128."""
+        u = (self.codes.to(torch.int16) + 128).to(torch.uint8)
+        self._native = (kernel, kernel.pack_blocks(u, _EMPTY, _EMPTY, 8, 128, nr)[0])
         return self
 
     @classmethod
@@ -114,7 +116,7 @@ class Int8Linear(nn.Module):
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         native = self._native
         if native is not None and x2.shape[0] <= self.KERNEL_ROWS and x.dtype in (torch.float32, torch.bfloat16):
-            y = native[0].mm_int8(x2, native[1], scale, _EMPTY if bias is None else bias)
+            y = native[0].mm_blocks(x2, native[1], scale, _EMPTY, 8, 128, codes.shape[0], _EMPTY if bias is None else bias)
             return y if x.dim() == 2 else y.view(*x.shape[:-1], -1)
         if x.is_cpu and x2.shape[0] > self.KERNEL_ROWS:  # prefill, large batches: a GEMM over the float weight
             if self._large is None:
@@ -134,11 +136,11 @@ class Int8Linear(nn.Module):
     __call__ = forward  # no hooks: nn.Module's dispatch costs as much as the Python above
 
     def native_description(self):
-        """For `decode_layers` (`linear.native_description`): the native kernel's tensors, or None."""
+        """For `DecodeLayers` (`linear.native_description`): the native kernel's tensors, or None."""
         if self._native is None:
             return None
         bias = _EMPTY if self.bias is None else self.bias
-        return ("int8", self._native[1], self.scale, _EMPTY, bias, self.out_features, 0, 0), self.KERNEL_ROWS
+        return ("int8", self._native[1], self.scale, _EMPTY, bias, self.out_features, 8, 128), self.KERNEL_ROWS
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

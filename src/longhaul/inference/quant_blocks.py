@@ -159,7 +159,7 @@ class BlockLinear:
         return y if x.dim() == 2 else y.view(*x.shape[:-1], -1)
 
     def native_description(self):
-        """For `decode_layers` (`linear.native_description`): the native kernel's tensors, or None."""
+        """For `DecodeLayers` (`linear.native_description`): the native kernel's tensors, or None."""
         if self._packed is None:
             return None
         codes, d, m = self._packed

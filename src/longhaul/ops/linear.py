@@ -170,7 +170,7 @@ def pack(w: torch.Tensor | None, b: torch.Tensor | None = None, few_rows: bool =
 
 
 def native_description(w, b=None):
-    """What `decode_layers` (csrc/decode_step.cpp) needs to call weight w's kernel itself, or None
+    """What `DecodeLayers` (csrc/decode_step.cpp) needs to call weight w's kernel itself, or None
     when w has no native kernel: (kind, weight, a, b, bias, out features, bits, offset), and the
     most rows it takes there (beyond them the callable sends rows elsewhere, e.g. to oneDNN)."""
     empty = torch.empty(0)
@@ -186,7 +186,7 @@ def native_description(w, b=None):
 
 def native_layers(layers) -> tuple[list, int] | None:
     """The runner's packed layers (ln1, qkv, qkv_b, o, o_b, ln2, gate_up, gate_up_b, down, down_b)
-    described for `decode_layers`, and the most rows every linear takes natively; None when any
+    described for `DecodeLayers`, and the most rows every linear takes natively; None when any
     projection has no native kernel."""
     out, rows = [], 1 << 30
     for ln1, qkv, qkv_b, o, o_b, ln2, gu, gu_b, down, down_b in layers:

@@ -5,9 +5,8 @@
 // small ops; through Python each costs microseconds of interpreter and binding time, which at
 // 30 layers is a sizeable share of a token's ~10 ms.
 //
-// A projection is described once, when the runner packs its weights, by a `Linear`: its kind
-// (which kernel), the tensors that kernel reads and its output width. Bias, when the kernel does
-// not add it, is part of the description too.
+// The runner describes its layers once, when it packs its weights: `DecodeLayers` parses that
+// description (kinds, tensors, widths) into native structs, so a step only walks a vector.
 
 #include <torch/extension.h>
 
@@ -19,27 +18,33 @@
 
 namespace {
 
-// kind: "fp32" (w), "bf16" (w), "int8" (w, scale), "q8_0" / "q4_0" / "q4_1" (w, d, m); bias
-// empty or (N,), added by the kernel.
+enum class Kind { fp32, bf16, blocks };
+
+// kind "fp32" / "bf16" (w), "int8" (w, per-output scale), "q8_0" / "q4_0" / "q4_1" (w, d, m); the
+// last four run the block kernel; bias empty or (N,), added by the kernel.
 struct Linear {
-  std::string kind;
+  Kind kind = Kind::fp32;
   torch::Tensor w, a, b, bias;
   int64_t N = 0, bits = 0, offset = 0;
 
   torch::Tensor operator()(const torch::Tensor& x) const {
-    if (kind == "fp32") return mm(x, w, N, bias);
-    if (kind == "bf16") return mm_bf16(x, w, N, bias);
-    if (kind == "int8") return mm_int8(x, w, a, bias);
+    switch (kind) {
+      case Kind::fp32: return mm(x, w, N, bias);
+      case Kind::bf16: return mm_bf16(x, w, N, bias);
+      case Kind::blocks: break;
+    }
     return mm_blocks(x, w, a, b, bits, offset, N, bias);
   }
 };
 
 Linear linear_of(const py::tuple& t) {
-  TORCH_CHECK(t.size() == 8, "decode_layers: a linear is (kind, w, a, b, bias, N, bits, offset)");
+  TORCH_CHECK(t.size() == 8, "DecodeLayers: a linear is (kind, w, a, b, bias, N, bits, offset)");
   Linear l;
-  l.kind = t[0].cast<std::string>();
-  TORCH_CHECK(l.kind == "fp32" || l.kind == "bf16" || l.kind == "int8" || l.kind == "q8_0" || l.kind == "q4_0" ||
-              l.kind == "q4_1", "decode_layers: unknown linear kind ", l.kind);
+  const auto kind = t[0].cast<std::string>();
+  if (kind == "fp32") l.kind = Kind::fp32;
+  else if (kind == "bf16") l.kind = Kind::bf16;
+  else if (kind == "int8" || kind == "q8_0" || kind == "q4_0" || kind == "q4_1") l.kind = Kind::blocks;
+  else TORCH_CHECK(false, "DecodeLayers: unknown linear kind ", kind);
   l.w = t[1].cast<torch::Tensor>();
   l.a = t[2].cast<torch::Tensor>();
   l.b = t[3].cast<torch::Tensor>();
@@ -57,24 +62,34 @@ struct Layer {
 
 }  // namespace
 
-// h (B, E): the step's hidden states after the embedding, one token a sequence; layers: per
-// layer (ln1, qkv, o, ln2, gate_up, down) with each linear as `Linear` above; k_cache, v_cache
-// (layers, slots, Hkv, D); cos, sin (B, D); slots (B,); block_tables (B, nb); lens (B,) with this
-// token. Returns h after the last layer (the final norm and the head stay with the caller).
-torch::Tensor decode_layers(torch::Tensor h, const py::list& layers, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                            const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& slots,
-                            const torch::Tensor& block_tables, const torch::Tensor& lens, int64_t block_size, int64_t Hq,
-                            double eps) {
-  TORCH_CHECK(h.dim() == 2 && k_cache.dim() == 4 && k_cache.size(0) == static_cast<int64_t>(layers.size()),
-              "decode_layers: h (B, E) and a cache of one entry per layer");
-  std::vector<Layer> ls;
-  ls.reserve(layers.size());
+struct DecodeLayers::Impl {
+  std::vector<Layer> layers;
+};
+
+// layers: per layer (ln1, qkv, o, ln2, gate_up, down) with each linear as `Linear` above.
+DecodeLayers::DecodeLayers(const py::list& layers) : impl_(std::make_shared<Impl>()) {
+  impl_->layers.reserve(layers.size());
   for (const auto& item : layers) {
     const auto t = item.cast<py::tuple>();
-    TORCH_CHECK(t.size() == 6, "decode_layers: a layer is (ln1, qkv, o, ln2, gate_up, down)");
-    ls.push_back({t[0].cast<torch::Tensor>(), t[3].cast<torch::Tensor>(), linear_of(t[1].cast<py::tuple>()),
-                  linear_of(t[2].cast<py::tuple>()), linear_of(t[4].cast<py::tuple>()), linear_of(t[5].cast<py::tuple>())});
+    TORCH_CHECK(t.size() == 6, "DecodeLayers: a layer is (ln1, qkv, o, ln2, gate_up, down)");
+    impl_->layers.push_back({t[0].cast<torch::Tensor>(), t[3].cast<torch::Tensor>(), linear_of(t[1].cast<py::tuple>()),
+                             linear_of(t[2].cast<py::tuple>()), linear_of(t[4].cast<py::tuple>()),
+                             linear_of(t[5].cast<py::tuple>())});
   }
+}
+
+int64_t DecodeLayers::size() const { return static_cast<int64_t>(impl_->layers.size()); }
+
+// h (B, E): the step's hidden states after the embedding, one token a sequence; k_cache, v_cache
+// (layers, slots, Hkv, D); cos, sin (B, D); slots (B,); block_tables (B, nb); lens (B,) with this
+// token. Returns h after the last layer (the final norm and the head stay with the caller).
+torch::Tensor DecodeLayers::run(torch::Tensor h, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                                const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& slots,
+                                const torch::Tensor& block_tables, const torch::Tensor& lens, int64_t block_size,
+                                int64_t Hq, double eps) const {
+  const auto& ls = impl_->layers;
+  TORCH_CHECK(h.dim() == 2 && k_cache.dim() == 4 && k_cache.size(0) == size(),
+              "DecodeLayers: h (B, E) and a cache of one entry per layer");
   const int64_t B = h.size(0), Hkv = k_cache.size(2), D = k_cache.size(3), H = Hq + 2 * Hkv;
   const double scale = std::pow(static_cast<double>(D), -0.5);  // as the runner computes it
   py::gil_scoped_release no_gil;  // the loop touches no Python object from here

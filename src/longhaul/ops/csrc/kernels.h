@@ -4,6 +4,7 @@
 
 #include <torch/extension.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,8 +16,6 @@ bool has_avx512_bf16();
 torch::Tensor pack_bf16(const torch::Tensor& w, const std::string& kind);
 torch::Tensor mm_bf16(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias);
 bool has_avx512_vnni();
-torch::Tensor pack_int8(const torch::Tensor& codes, int64_t nr);
-torch::Tensor mm_int8(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, const torch::Tensor& bias);
 std::vector<torch::Tensor> pack_blocks(const torch::Tensor& codes, const torch::Tensor& d, const torch::Tensor& m,
                                        int64_t bits, int64_t pad, int64_t nr);
 torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& d, const torch::Tensor& m,
@@ -30,10 +29,20 @@ std::vector<torch::Tensor> rms_norm_backward(const torch::Tensor& g, const torch
 torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                              torch::Tensor k_cache, torch::Tensor v_cache, const torch::Tensor& slots, int64_t Hq);
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
-torch::Tensor decode_layers(torch::Tensor h, const py::list& layers, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                            const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& slots,
-                            const torch::Tensor& block_tables, const torch::Tensor& lens, int64_t block_size, int64_t Hq,
-                            double eps);
+// Every decoder layer of a decode step in one call (decode_step.cpp): the layers' description is
+// parsed once, at construction; `run` takes a step's tensors.
+class DecodeLayers {
+ public:
+  explicit DecodeLayers(const py::list& layers);
+  int64_t size() const;
+  torch::Tensor run(torch::Tensor h, const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& cos,
+                    const torch::Tensor& sin, const torch::Tensor& slots, const torch::Tensor& block_tables,
+                    const torch::Tensor& lens, int64_t block_size, int64_t Hq, double eps) const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
 void swiglu_backward(const torch::Tensor& dout, const torch::Tensor& gate, const torch::Tensor& up, torch::Tensor dgate,
                      torch::Tensor dup);
 std::vector<torch::Tensor> attention_pack(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -14,19 +14,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_bf16", &pack_bf16, "pack a bf16 weight (N, K): kind dp (AVX512-BF16), widen (AVX2) or empty (the best here)",
         py::arg("w"), py::arg("kind") = "");
   m.def("mm_bf16", &mm_bf16, "x (M, K) @ packed bf16 weight -> (M, N) bf16, plus an optional bias");
-  m.def("has_avx512_vnni", &has_avx512_vnni, "whether this CPU has AVX512-VNNI (the 16-wide int8 panels)");
-  m.def("pack_int8", &pack_int8, "pack int8 weight codes (N, K) into 8- or 16-output k-quad panels (nr 0: the widest here)",
-        py::arg("codes"), py::arg("nr") = 0);
-  m.def("mm_int8", &mm_int8, "x (M, K), quantized per 32 values, @ packed int8 codes, times per-output scales, plus an optional bias");
-  m.def("pack_blocks", &pack_blocks, "pack block-quantized codes (N, K) and their fp16 scales (and minimums) into panels",
-        py::arg("codes"), py::arg("d"), py::arg("m"), py::arg("bits"), py::arg("pad"), py::arg("nr") = 0);
-  m.def("mm_blocks", &mm_blocks, "x (M, K), quantized per 32 values, @ packed Q8_0 / Q4_0 / Q4_1 blocks, plus an optional bias");
+  m.def("has_avx512_vnni", &has_avx512_vnni, "whether this CPU has AVX512-VNNI (the 16-wide integer panels)");
+  m.def("pack_blocks", &pack_blocks, "pack block-quantized codes (N, K) and their fp16 scales (and minimums), or per-channel "
+        "int8 codes (no scales), into panels", py::arg("codes"), py::arg("d"), py::arg("m"), py::arg("bits"), py::arg("pad"),
+        py::arg("nr") = 0);
+  m.def("mm_blocks", &mm_blocks, "x (M, K), quantized per 32 values, @ packed Q8_0 / Q4_0 / Q4_1 blocks or per-channel int8 "
+        "codes, plus an optional bias");
   m.def("decode_attention", &decode_attention, "one query token per sequence over the paged K/V cache");
   m.def("rms_norm", &rms_norm, "RMSNorm of rows, as HF's LlamaRMSNorm");
   m.def("rms_norm_backward", &rms_norm_backward, "the gradient of rms_norm: (dx, dweight)");
   m.def("rope_and_cache", &rope_and_cache, "RoPE on q and k, k and v stored in the paged cache; returns q");
   m.def("swiglu", &swiglu, "silu(gate) * up");
-  m.def("decode_layers", &decode_layers, "every decoder layer of a decode step (one token a sequence) in one call");
+  py::class_<DecodeLayers>(m, "DecodeLayers", "a model's decoder layers, described once, for decode steps in one call")
+      .def(py::init<const py::list&>(), py::arg("layers"))
+      .def("__len__", &DecodeLayers::size)
+      .def("run", &DecodeLayers::run, "every layer of a decode step (one token a sequence)");
   m.def("swiglu_backward", &swiglu_backward, "the gradient of swiglu, written into (dgate, dup)");
   m.def("attention_pack", &attention_pack, "flat q, k, v -> the padded attention rows, RoPE on q and k");
   m.def("attention_pack_backward", &attention_pack_backward, "the gradient of attention_pack, written into (dq, dk, dv)");

@@ -1,5 +1,5 @@
 // A decode step's activations on an int8 grid, for the integer-dot-product GEMMs
-// (small_gemm_int8.cpp, small_gemm_blocks.cpp): each row's K values in groups of GK = 32, each
+// (small_gemm_blocks.cpp: int8 and the block formats): each row's K values in groups of GK = 32, each
 // group to codes q = round(x * 127 / max|x|) (|q| <= 127) with scale s = max|x| / 127, as
 // llama.cpp quantizes activations for its Q8_0 dot products; a group of zeros gets s = 0. K is
 // padded to a multiple of GK with zero codes.

@@ -4,18 +4,24 @@
 //   Q8_0: w = d * c, c in [-127, 127] (8.5 bits a weight);
 //   Q4_0: w = d * (c - 8), c in [0, 15] (4.5 bits);
 //   Q4_1: w = d * c + m, c in [0, 15] (5 bits).
-// The activations are quantized per 32 values as for the int8 kernel (quant_rows.h), so a group's
-// product is s * (d * sum(c q) - d * offset * sum(q) + m * sum(q)), the integer sums exact, the rest
-// in fp32. Each code is stored as an unsigned byte or nibble u with w = d * (u - offset) (+ m):
-// offset 128 for Q8_0 (u = c + 128), 8 for Q4_0, 0 for Q4_1.
+// And longhaul's int8 (per output channel): w = scale * c, c in [-127, 127], one fp32 scale an
+// output instead of one a group: the 8-bit path with d = 1, the scale applied once at the end.
+//
+// The activations are quantized per call, as llama.cpp does for its dot products (quant_rows.h):
+// each row's K values in groups of 32, each to int8 codes q = round(x / s), s = max|x| / 127. A
+// group's product is s * (d * sum(c q) - d * offset * sum(q) + m * sum(q)), the integer sums exact,
+// the rest in fp32: x rounded to its group's int8 grid (at most s / 2 a value) times the
+// dequantized weight. Each code is stored as an unsigned byte or nibble u with
+// w = d * (u - offset) (+ m): offset 128 for Q8_0 and int8 (u = c + 128), 8 for Q4_0, 0 for Q4_1.
 //
 // Layout: panels of nr outputs; in each panel, per group, the codes and then nothing else (the
 // scales sit in their own panels (P, groups, nr) fp16, read once a group):
 // - 8 bits: 8 k-quads of nr x 4 bytes (as the int8 kernel);
 // - 4 bits: 4 k-quads of nr x 4 bytes, the low nibble of quad t holding k-quad t and the high
 //   nibble k-quad t + 4, so one load and a mask or a shift give two quads.
-// Paths: `vnni` (AVX512-VNNI, nr 16: `vpdpbusd` on u and the signed codes of x) and `avx2` (nr 8:
-// `vpmaddubsw` on |q| and sign(q) * (u - offset), then `vpmaddwd`).
+// Paths: `vnni` (AVX512-VNNI: Zen 4/5, Ice Lake and later Xeons; nr 16: `vpdpbusd` on u and the
+// signed codes of x, 4 products a lane) and `avx2` (any AVX2 CPU; nr 8: `vpmaddubsw` on |q| and
+// sign(q) * (u - offset), then `vpmaddwd`; no 16-bit overflow: |q|, |u - offset| <= 127).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -38,7 +44,8 @@ constexpr int NR16 = 16;
 // Bytes of codes a group of one panel: 32 k x nr outputs at 8 or 4 bits.
 constexpr int64_t group_bytes(int bits, int nr) { return GK * nr * bits / 8; }
 
-template <int BITS, bool MIN, int MR>
+// CH: one scale an output, applied by the caller (d and m unused).
+template <int BITS, bool MIN, bool CH, int MR>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) void panel_vnni(
     const QuantRows& xq, int64_t m0, const uint8_t* __restrict wp, const uint16_t* __restrict dp,
     const uint16_t* __restrict mp, int offset, float* __restrict y, int64_t ldy, int nc) {
@@ -75,7 +82,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) void panel_
         }
       }
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp + g * NR16)));
+    const __m512 d = CH ? _mm512_setzero_ps()
+                        : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(dp + g * NR16)));
     const __m512 mn = MIN ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mp + g * NR16)))
                           : _mm512_setzero_ps();
 #pragma GCC unroll 8
@@ -83,7 +91,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) void panel_
       const int64_t r = (m0 + i) * G + g;
       const __m512i exact = _mm512_sub_epi32(a[i], _mm512_set1_epi32(offset * xq.sum[r]));
       const __m512 s = _mm512_set1_ps(xq.s[r]);
-      f[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(d, s), f[i]);
+      f[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), CH ? s : _mm512_mul_ps(d, s), f[i]);
       if (MIN) f[i] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xq.s[r] * static_cast<float>(xq.sum[r])), f[i]);
     }
   }
@@ -91,7 +99,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) void panel_
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, f[i]);
 }
 
-template <int BITS, bool MIN, int MR>
+template <int BITS, bool MIN, bool CH, int MR>
 __attribute__((target("avx2,fma,f16c"))) void panel_avx2(const QuantRows& xq, int64_t m0, const uint8_t* __restrict wp,
                                                          const uint16_t* __restrict dp, const uint16_t* __restrict mp,
                                                          int offset, float* __restrict y, int64_t ldy, int nc) {
@@ -126,12 +134,14 @@ __attribute__((target("avx2,fma,f16c"))) void panel_avx2(const QuantRows& xq, in
         dot(a, _mm256_and_si256(_mm256_srli_epi16(v, 4), low), qg, t + 4);
       }
     }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + g * NR8)));
+    const __m256 d = CH ? _mm256_setzero_ps()
+                        : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dp + g * NR8)));
     const __m256 mn = MIN ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mp + g * NR8)))
                           : _mm256_setzero_ps();
     for (int i = 0; i < MR; ++i) {
       const int64_t r = (m0 + i) * G + g;
-      f[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[i]), _mm256_mul_ps(d, _mm256_set1_ps(xq.s[r])), f[i]);
+      const __m256 s = _mm256_set1_ps(xq.s[r]);
+      f[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[i]), CH ? s : _mm256_mul_ps(d, s), f[i]);
       if (MIN) f[i] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xq.s[r] * static_cast<float>(xq.sum[r])), f[i]);
     }
   }
@@ -145,20 +155,21 @@ __attribute__((target("avx2,fma,f16c"))) void panel_avx2(const QuantRows& xq, in
 using PanelFn = void (*)(const QuantRows&, int64_t, const uint8_t*, const uint16_t*, const uint16_t*, int, float*, int64_t,
                          int);
 
-template <int BITS, bool MIN>
+template <int BITS, bool MIN, bool CH>
 struct Table {
-  static constexpr PanelFn vnni[9] = {nullptr, panel_vnni<BITS, MIN, 1>, panel_vnni<BITS, MIN, 2>, panel_vnni<BITS, MIN, 3>,
-                                      panel_vnni<BITS, MIN, 4>, panel_vnni<BITS, MIN, 5>, panel_vnni<BITS, MIN, 6>,
-                                      panel_vnni<BITS, MIN, 7>, panel_vnni<BITS, MIN, 8>};
-  static constexpr PanelFn avx2[9] = {nullptr, panel_avx2<BITS, MIN, 1>, panel_avx2<BITS, MIN, 2>, panel_avx2<BITS, MIN, 3>,
-                                      panel_avx2<BITS, MIN, 4>, panel_avx2<BITS, MIN, 5>, panel_avx2<BITS, MIN, 6>,
-                                      panel_avx2<BITS, MIN, 7>, panel_avx2<BITS, MIN, 8>};
+  static constexpr PanelFn vnni[9] = {nullptr, panel_vnni<BITS, MIN, CH, 1>, panel_vnni<BITS, MIN, CH, 2>,
+                                      panel_vnni<BITS, MIN, CH, 3>, panel_vnni<BITS, MIN, CH, 4>, panel_vnni<BITS, MIN, CH, 5>,
+                                      panel_vnni<BITS, MIN, CH, 6>, panel_vnni<BITS, MIN, CH, 7>, panel_vnni<BITS, MIN, CH, 8>};
+  static constexpr PanelFn avx2[9] = {nullptr, panel_avx2<BITS, MIN, CH, 1>, panel_avx2<BITS, MIN, CH, 2>,
+                                      panel_avx2<BITS, MIN, CH, 3>, panel_avx2<BITS, MIN, CH, 4>, panel_avx2<BITS, MIN, CH, 5>,
+                                      panel_avx2<BITS, MIN, CH, 6>, panel_avx2<BITS, MIN, CH, 7>, panel_avx2<BITS, MIN, CH, 8>};
 };
 
-const PanelFn* panels_for(int bits, bool with_min, int nr) {
-  if (bits == 8) return nr == NR16 ? Table<8, false>::vnni : Table<8, false>::avx2;
-  if (with_min) return nr == NR16 ? Table<4, true>::vnni : Table<4, true>::avx2;
-  return nr == NR16 ? Table<4, false>::vnni : Table<4, false>::avx2;
+const PanelFn* panels_for(int bits, bool with_min, bool per_channel, int nr) {
+  if (per_channel) return nr == NR16 ? Table<8, false, true>::vnni : Table<8, false, true>::avx2;
+  if (bits == 8) return nr == NR16 ? Table<8, false, false>::vnni : Table<8, false, false>::avx2;
+  if (with_min) return nr == NR16 ? Table<4, true, false>::vnni : Table<4, true, false>::avx2;
+  return nr == NR16 ? Table<4, false, false>::vnni : Table<4, false, false>::avx2;
 }
 
 // (N, groups) fp16 -> (P, groups, nr) fp16, the last panel's missing outputs 0.
@@ -171,11 +182,17 @@ torch::Tensor pack_scales(const torch::Tensor& s, int64_t nr) {
 
 }  // namespace
 
-bool has_avx512_vnni();
+// Whether this CPU has AVX512-VNNI integer dot products (the 16-wide panels), checked once.
+bool has_avx512_vnni() {
+  static const bool yes = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+  return yes;
+}
 
 // codes (N, K) uint8 (the u above: 0..255 for 8 bits, 0..15 for 4), d and m (N, K / 32) fp16 (m
 // empty but for Q4_1) -> [codes (P, Kp * nr * bits / 8) uint8, d (P, groups, nr), m] in the
-// layout above. Padding codes are `pad` (the offset: weight 0), padding scales 0.
+// layout above. Padding codes are `pad` (the offset: weight 0), padding scales 0. Per output
+// channel (int8): d and m empty, 8 bits; the codes alone are packed (the scales stay (N,) fp32).
 std::vector<torch::Tensor> pack_blocks(const torch::Tensor& codes, const torch::Tensor& d, const torch::Tensor& m,
                                        int64_t bits, int64_t pad, int64_t nr) {
   TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte && codes.device().is_cpu(), "pack_blocks: 2-D uint8 CPU codes");
@@ -185,8 +202,10 @@ std::vector<torch::Tensor> pack_blocks(const torch::Tensor& codes, const torch::
   TORCH_CHECK(nr == NR8 || has_avx512_vnni(), "pack_blocks: 16-wide panels need AVX512-VNNI, which this CPU lacks");
   const auto c = codes.contiguous();
   const int64_t N = c.size(0), K = c.size(1), Kp = (K + GK - 1) / GK * GK, groups = Kp / GK, P = (N + nr - 1) / nr;
-  TORCH_CHECK(d.scalar_type() == at::kHalf && d.dim() == 2 && d.size(0) == N && d.size(1) == groups,
-              "pack_blocks: d must be (N, ceil(K / 32)) fp16");
+  const bool per_channel = d.numel() == 0;
+  TORCH_CHECK(!per_channel || (bits == 8 && m.numel() == 0), "pack_blocks: per-channel codes (no d) are 8 bits, without m");
+  TORCH_CHECK(per_channel || (d.scalar_type() == at::kHalf && d.dim() == 2 && d.size(0) == N && d.size(1) == groups),
+              "pack_blocks: d must be (N, ceil(K / 32)) fp16, or empty for per-channel codes");
   TORCH_CHECK(m.numel() == 0 || (m.scalar_type() == at::kHalf && m.sizes() == d.sizes()), "pack_blocks: m must be empty or like d");
   const int64_t gb = group_bytes(static_cast<int>(bits), static_cast<int>(nr));
   auto out = torch::zeros({P, groups * gb}, c.options());
@@ -209,19 +228,27 @@ std::vector<torch::Tensor> pack_blocks(const torch::Tensor& codes, const torch::
           }
       }
   });
+  if (per_channel) return {out, d, m};
   return {out, pack_scales(d, nr), m.numel() ? pack_scales(m, nr) : m};
 }
 
-// x (M, K) fp32 or bf16 @ the packed blocks -> (M, N) in x's dtype, plus bias (empty or (N,)).
+// x (M, K) fp32 or bf16 @ the packed blocks -> (M, N) in x's dtype, plus bias (empty or (N,)). d:
+// the packed group scales, or (N,) fp32 for per-channel codes (8 bits, m empty), applied once.
 torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& d, const torch::Tensor& m,
                         int64_t bits, int64_t offset, int64_t N, const torch::Tensor& bias) {
   TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "mm_blocks: x must be a 2-D fp32 or bf16 CPU tensor");
   TORCH_CHECK(bits == 4 || bits == 8, "mm_blocks: bits must be 4 or 8");
   const int64_t M = x.size(0), K = x.size(1), Kp = (K + GK - 1) / GK * GK, groups = Kp / GK;
-  TORCH_CHECK(d.dim() == 3 && d.scalar_type() == at::kHalf && d.size(1) == groups && (d.size(2) == NR8 || d.size(2) == NR16),
+  const bool per_channel = d.dim() == 1;
+  TORCH_CHECK(!per_channel || (d.scalar_type() == at::kFloat && d.numel() == N && bits == 8 && m.numel() == 0 &&
+                               wp.dim() == 2 && wp.size(1) % (groups * GK) == 0),
+              "mm_blocks: per-channel scales must be (N,) fp32 over 8-bit codes");
+  TORCH_CHECK(per_channel || (d.dim() == 3 && d.scalar_type() == at::kHalf && d.size(1) == groups &&
+                              (d.size(2) == NR8 || d.size(2) == NR16)),
               "mm_blocks: packed scales do not match x");
-  const int64_t P = d.size(0), nr = d.size(2);
+  const int64_t P = per_channel ? wp.size(0) : d.size(0), nr = per_channel ? wp.size(1) / (groups * GK) : d.size(2);
+  TORCH_CHECK(nr == NR8 || nr == NR16, "mm_blocks: packed codes do not match x");
   TORCH_CHECK(wp.dim() == 2 && wp.scalar_type() == at::kByte && wp.size(0) == P &&
               wp.size(1) == groups * group_bytes(static_cast<int>(bits), static_cast<int>(nr)),
               "mm_blocks: packed codes do not match x and the scales");
@@ -232,15 +259,16 @@ torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const t
   auto y = torch::empty({M, N}, x.options().dtype(at::kFloat));
   float* yp = y.data_ptr<float>();
   const uint8_t* w = wp.data_ptr<uint8_t>();
-  const uint16_t* dptr = reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
+  const uint16_t* dptr = per_channel ? nullptr : reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
   const uint16_t* mptr = m.numel() ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
-  const PanelFn* panels = panels_for(static_cast<int>(bits), mptr != nullptr, static_cast<int>(nr));
+  const PanelFn* panels = panels_for(static_cast<int>(bits), mptr != nullptr, per_channel, static_cast<int>(nr));
   const int64_t gb = group_bytes(static_cast<int>(bits), static_cast<int>(nr));
   const int off = static_cast<int>(offset);
   run_panels(P, M, nr, N, [&](int64_t p, int64_t m0, int mr, int nc) {
-    panels[mr](xq, m0, w + p * groups * gb, dptr + p * groups * nr, mptr ? mptr + p * groups * nr : nullptr, off,
-               yp + m0 * N + p * nr, N, nc);
+    panels[mr](xq, m0, w + p * groups * gb, dptr ? dptr + p * groups * nr : nullptr, mptr ? mptr + p * groups * nr : nullptr,
+               off, yp + m0 * N + p * nr, N, nc);
   });
+  if (per_channel) y.mul_(d);
   if (bias.numel()) y.add_(bias.to(at::kFloat));
   return y.to(x.scalar_type());
 }
