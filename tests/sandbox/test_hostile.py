@@ -222,3 +222,37 @@ def test_fifos_in_the_workdir_cannot_hang_the_file_api(sbx):
     digest = sbx.state_digest()
     sbx.restore(tok)
     assert sbx.read_file("ok.txt") == b"fine" and isinstance(digest, str)
+
+
+def _limits(sbx) -> dict[str, str]:
+    r = sbx.exec(["cat", "/proc/self/limits"])
+    assert r.ok, r
+    return {line[:26].strip(): line[26:].split()[0] for line in r.stdout.splitlines()[1:]}
+
+
+@pytest.mark.parametrize("launcher", [True, False], ids=["exec-chain", "preexec"])
+def test_commands_start_under_the_rlimits_either_way(tmp_path, monkeypatch, launcher):
+    """By the exec chain (sh, prlimit, setpriv: the caller spawns without a preexec function, so
+    never forks its own memory) or, where those tools are missing, a preexec function: the same
+    rlimits and session inside."""
+    from longhaul.sandbox import runner
+
+    if not launcher:
+        monkeypatch.setattr(runner, "_launcher_tools", lambda: None)
+    elif runner._launcher_tools() is None:
+        pytest.skip("sh, prlimit or setpriv is missing: the sandbox uses its preexec function here")
+    s = Sandbox(SPEC, backend="bwrap", audit=tmp_path / "audit.jsonl")
+    try:
+        assert (s.spawn_args(["true"])["preexec_fn"] is None) == launcher
+        lim = _limits(s)
+        assert lim["Max open files"] == str(SPEC.open_files) and lim["Max file size"] == str(SPEC.fsize_bytes)
+        assert lim["Max cpu time"] == str(max(1, int(SPEC.cpu_s + 0.999))) and lim["Max core file size"] == "0"
+        if s.uid is not None:
+            assert lim["Max processes"] == str(SPEC.pids + 16 if s.cgroup else SPEC.pids)
+        r = s.exec(py("import os; print(os.getsid(0) == os.getpid(), os.getuid())"))
+        assert r.ok, r
+        if s.uid is not None:
+            assert r.stdout.split()[1] != "0"  # dropped to the sandbox's uid
+        assert s.cgroup is None or s.cgroup.pids() == []
+    finally:
+        s.close()

@@ -11,14 +11,17 @@ command that exits 0 has no limit hit unless the runner itself stopped it.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import selectors
+import shutil
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from longhaul.sandbox import procs
@@ -31,7 +34,7 @@ class Launch:
     argv: list[str]
     env: dict | None
     cwd: str | None
-    preexec: Callable[[], None]
+    preexec: Callable[[], None] | None  # None: `argv` starts with `launcher_prefix` (the caller is never forked)
     stop: Callable[[subprocess.Popen], None]  # kills every process the command started; the caller reaps it
     after_exit: Callable[[int, bool], None]  # (main pid, reaped yet): kills what outlived the main process
     counters: Callable[[], dict] | None = None  # cgroup counters, read before and after
@@ -40,8 +43,45 @@ class Launch:
     storage: Callable[[], object] | None = None  # a `storage.StorageWatch` for a workdir no tmpfs caps
 
 
+@functools.lru_cache(maxsize=1)
+def _launcher_tools() -> tuple[str, str, str] | None:
+    tools = tuple(shutil.which(t, path="/usr/bin:/bin:/usr/sbin:/sbin") for t in ("sh", "prlimit", "setpriv"))
+    return None if None in tools else tools
+
+
+# joins each cgroup named before "--" (its own pid: v1 and v2 alike), then execs the rest
+_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
+
+
+def launcher_prefix(spec: SandboxSpec, uid: int | None, use_cgroup_limits: bool, cgroup_procs: list[Path]) -> list[str] | None:
+    """An argv prefix that does what `rlimit_preexec` does in small programs exec'd one after the
+    other: sh joins the cgroup, util-linux's prlimit sets the rlimits, setpriv drops to the
+    sandbox uid. With it the caller spawns without a preexec function, which Python does with
+    vfork: a fork would copy the page tables of the caller's memory (a trainer's many GB, tens to
+    hundreds of ms a command) and make every page the caller writes afterwards fault once more.
+    The caller starts a new session (`start_new_session`). None where a tool is missing."""
+    tools = _launcher_tools()
+    if tools is None:
+        return None
+    sh, prlimit, setpriv = tools
+    cpu = max(1, int(spec.cpu_s + 0.999))
+    out = [sh, "-c", _JOIN, "sh", *map(str, cgroup_procs), "--"]
+    out += [prlimit, f"--cpu={cpu}:{cpu + 1}", f"--fsize={spec.fsize_bytes}:{spec.fsize_bytes}",
+            f"--nofile={spec.open_files}:{spec.open_files}", "--core=0:0"]
+    if not use_cgroup_limits:
+        out.append(f"--as={spec.memory_bytes}:{spec.memory_bytes}")
+    if uid is not None:
+        nproc = spec.pids + 16 if use_cgroup_limits else spec.pids  # as `rlimit_preexec` explains
+        out.append(f"--nproc={nproc}:{nproc}")
+    out.append("--")
+    if uid is not None:
+        out += [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    return out
+
+
 def rlimit_preexec(spec: SandboxSpec, uid: int | None, use_cgroup_limits: bool, join: Callable[[], None] | None):
-    """The child side, between fork and exec: join the cgroup, set rlimits, drop to the sandbox uid."""
+    """The child side, between fork and exec: join the cgroup, set rlimits, drop to the sandbox
+    uid. Used where `launcher_prefix` cannot be."""
     cpu = max(1, int(spec.cpu_s + 0.999))
 
     def apply():
@@ -81,7 +121,8 @@ def run(launch: Launch, spec: SandboxSpec, stdin: bytes | None, timeout: float) 
     before = launch.counters() if launch.counters else {}
     start = time.monotonic()
     proc = subprocess.Popen(launch.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=launch.env, cwd=launch.cwd, preexec_fn=launch.preexec, close_fds=True)
+                            env=launch.env, cwd=launch.cwd, preexec_fn=launch.preexec, close_fds=True,
+                            start_new_session=launch.preexec is None)
     watch = launch.storage() if launch.storage else None
     try:
         bufs, truncated, hit = _drain(proc, launch, spec, stdin, start + timeout, watch)

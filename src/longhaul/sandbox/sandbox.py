@@ -32,7 +32,7 @@ from longhaul.sandbox import bwrap as bw
 from longhaul.sandbox import leftovers, procs
 from longhaul.sandbox.audit import AuditLog
 from longhaul.sandbox.cgroup import CGroup
-from longhaul.sandbox.runner import Launch, rlimit_preexec, run
+from longhaul.sandbox.runner import Launch, launcher_prefix, rlimit_preexec, run
 from longhaul.sandbox.session import Session
 from longhaul.sandbox.spec import ExecResult, SandboxSpec
 from longhaul.sandbox.storage import StorageWatch
@@ -104,13 +104,16 @@ class Sandbox:
         """Popen keyword arguments that start `argv` inside this sandbox under its limits:
         every process a sandbox runs (exec, session shell, check server) starts through here."""
         cg = self.cgroup
-        preexec = rlimit_preexec(self.spec, self.uid, cg is not None, cg.add_self if cg else None)
+        prefix = launcher_prefix(self.spec, self.uid, cg is not None, cg.procs_files() if cg else [])
+        how = ({"preexec_fn": None, "start_new_session": True} if prefix is not None else
+               {"preexec_fn": rlimit_preexec(self.spec, self.uid, cg is not None, cg.add_self if cg else None),
+                "start_new_session": False})
         if self.backend == "bwrap":
             full = bw.bwrap_argv(self.spec, self.workdir, self.etc, argv, cwd or "/work")
-            return {"args": full, "env": {"PATH": "/usr/bin:/bin"}, "cwd": None, "preexec_fn": preexec}
+            return {"args": (prefix or []) + full, "env": {"PATH": "/usr/bin:/bin"}, "cwd": None, **how}
         env = {**bw.sandbox_env(self.spec, bw.expose(self.spec.python)), "HOME": str(self.workdir)}
         work = str(self.workdir / cwd.removeprefix("/work").lstrip("/")) if cwd else str(self.workdir)
-        return {"args": argv, "env": env, "cwd": work, "preexec_fn": preexec}
+        return {"args": (prefix or []) + argv, "env": env, "cwd": work, **how}
 
     def kill_tree(self, proc: subprocess.Popen) -> None:
         """Kill every process that `proc` (started from `spawn_args`) started, then `proc`; the caller reaps `proc`.
