@@ -154,3 +154,22 @@ def test_trainable_weights_are_never_served_from_a_stale_packed_copy():
         lp.sum().backward()
         opt.step()
         opt.zero_grad()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_recomputed_layers_give_the_same_logprobs_and_gradients(monkeypatch, name):
+    """A forward of more than CHECKPOINT_ROWS rows keeps layer inputs only and recomputes each
+    layer in backward: the same log-probs and gradients, to rounding, fp32 and under bf16 autocast."""
+    model, tok = load_policy(name)
+    prompt = tok(PROMPT).input_ids
+    args = (prompt, COMPS)
+    for autocast, tol in (("none", 1e-6), ("bfloat16", 1e-6)):
+        kept = _run(model, shared_prompt_logprobs, args, tok.pad_token_id, True, autocast=autocast)
+        monkeypatch.setattr(packed_forward, "CHECKPOINT_ROWS", 0)
+        calls = []
+        real = packed_forward.checkpoint
+        monkeypatch.setattr(packed_forward, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+        again = _run(model, shared_prompt_logprobs, args, tok.pad_token_id, True, autocast=autocast)
+        assert len(calls) == model.config.num_hidden_layers
+        _assert_same(kept, again, lp_tol=tol, grad_rel=tol)
+        monkeypatch.undo()

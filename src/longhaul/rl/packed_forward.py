@@ -25,6 +25,12 @@ A batch may also be one rank's shard of a row split over a context-parallel grou
 (`context_parallel.packed.ContextGroup.shard`): then `context` holds the attention across the
 group, which replaces the attention rows; the rest of the forward runs on the local rows as ever.
 
+A differentiable forward of more than `CHECKPOINT_ROWS` flat rows keeps only each layer's input
+and recomputes the layer in the backward (activation checkpointing): a multi-turn episode of
+4,096 tokens holds about a megabyte of activations a token over SmolLM2's 30 layers, so a
+micro-batch of two would hold ~8 GB, against ~0.6 GB of layer inputs and one layer's worth here,
+for one more forward of the layers.
+
 Numerics: the same operations as HF's eager/SDPA Llama (RMSNorm in fp32 by `F.rms_norm`, or in
 fp32 on CPU by the native kernels' forward and backward, equal to rounding; HF's
 rotary tables, RoPE with the tables in the hidden state's dtype as HF applies them); fp32 equals
@@ -38,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from longhaul.models.lora import unwrap
 from longhaul.ops.linear import pack
@@ -45,6 +52,7 @@ from longhaul.ops.rope import rotate_half
 from longhaul.rl.packed_native import NativeSwiGLU, kernels_for, native_attention, rms_norm
 
 SUPPORTED = ("llama", "qwen2")
+CHECKPOINT_ROWS = 4096  # a differentiable forward of more flat rows than this recomputes each layer in backward
 
 
 @dataclass
@@ -290,19 +298,29 @@ def hidden_states(model, b: PackedBatch, stored: list[list[torch.Tensor]] | None
     # native only when the rotary tables span the whole head (the kernels rotate all D dims)
     kernels = kernels_for(h) if cos.dtype == torch.float32 and d % 2 == 0 and cos.shape[-1] == d else None
     masks = {}  # SDPA's mask, made at the first attention in the dtype the projections produce
+    recompute = torch.is_grad_enabled() and ids.shape[0] > CHECKPOINT_ROWS and b.context is None
     for i, layer in enumerate(base.layers):
-        attn, mlp = layer.self_attn, layer.mlp
         ys = [None] * 4 if stored is None else stored[i]  # qkv, o, gate_up, down
-        x = rms_norm(h, layer.input_layernorm, kernels)
-        qkv = _proj(x, ys[0], attn.q_proj, attn.k_proj, attn.v_proj, fused=kernels is not None)
-        a = _self_attention(qkv, b, cos, sin, (hq, hkv, d), kernels, masks)
-        h = h + _proj(a, ys[1], attn.o_proj)[0]
-        x = rms_norm(h, layer.post_attention_layernorm, kernels)
-        gu = _proj(x, ys[2], mlp.gate_proj, mlp.up_proj, fused=kernels is not None)
-        if kernels is not None and all(t.dtype == torch.float32 for t in gu):
-            act = NativeSwiGLU.apply(gu[0], gu[1] if len(gu) == 2 else None, kernels)
+        if recompute:
+            h = checkpoint(_layer, h, layer, ys, b, cos, sin, (hq, hkv, d), kernels, masks, use_reentrant=False)
         else:
-            gate, up = gu if len(gu) == 2 else gu[0].chunk(2, dim=-1)
-            act = F.silu(gate) * up
-        h = h + _proj(act, ys[3], mlp.down_proj)[0]
+            h = _layer(h, layer, ys, b, cos, sin, (hq, hkv, d), kernels, masks)
     return rms_norm(h, base.norm, kernels)
+
+
+def _layer(h, layer, ys, b: PackedBatch, cos, sin, shape, kernels, masks: dict) -> torch.Tensor:
+    """One decoder layer over the flat rows (see `hidden_states`); `masks` is the forward's mask
+    cache, so a recomputed layer attends with the mask its forward made."""
+    attn, mlp = layer.self_attn, layer.mlp
+    x = rms_norm(h, layer.input_layernorm, kernels)
+    qkv = _proj(x, ys[0], attn.q_proj, attn.k_proj, attn.v_proj, fused=kernels is not None)
+    a = _self_attention(qkv, b, cos, sin, shape, kernels, masks)
+    h = h + _proj(a, ys[1], attn.o_proj)[0]
+    x = rms_norm(h, layer.post_attention_layernorm, kernels)
+    gu = _proj(x, ys[2], mlp.gate_proj, mlp.up_proj, fused=kernels is not None)
+    if kernels is not None and all(t.dtype == torch.float32 for t in gu):
+        act = NativeSwiGLU.apply(gu[0], gu[1] if len(gu) == 2 else None, kernels)
+    else:
+        gate, up = gu if len(gu) == 2 else gu[0].chunk(2, dim=-1)
+        act = F.silu(gate) * up
+    return h + _proj(act, ys[3], mlp.down_proj)[0]
