@@ -1,6 +1,7 @@
 """The memory breakdown: each part against the bytes its holder is known to hold, every storage
 counted once, and the parts against the kernel's resident figure."""
 
+import pytest
 import torch
 
 from longhaul.inference import make_engine
@@ -64,3 +65,37 @@ def test_a_bf16_engine_with_onednn_packed_weights_is_measured():
     assert b.parts["sampler"] > 0
     if packed and packed[0].weight.is_mkldnn:
         assert b.parts["sampler"] >= sum(p.weight.numel() * 2 for p in packed)
+
+
+def test_bound_free_heap_hands_kept_memory_back_once_over_the_limit():
+    """With freed memory kept (`keep_freed_memory`), 400 MB of freed tensors stay resident; under
+    a limit above them nothing happens, under one below them malloc_trim gives them back."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import pytest
+import torch
+from longhaul.malloc import bound_free_heap, heap, keep_freed_memory
+if heap() is None or not keep_freed_memory():
+    print("skip"); raise SystemExit
+xs = [torch.ones(50 << 20, dtype=torch.uint8) for _ in range(8)]
+del xs
+print(bound_free_heap(1 << 40), bound_free_heap(0))
+"""
+    env = {**os.environ, "LONGHAUL_MALLOC": "keep"}  # the suite runs with the system allocator (conftest)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout.split()
+    if out == ["skip"]:
+        pytest.skip("not glibc's malloc: nothing to trim")
+    above, below = map(int, out)
+    assert above == 0 and below > 300 << 20, out
+
+
+def test_free_limit_reads_its_variable(monkeypatch):
+    from longhaul.malloc import free_limit
+
+    monkeypatch.delenv("LONGHAUL_MALLOC_FREE_GB", raising=False)
+    assert free_limit() is None
+    monkeypatch.setenv("LONGHAUL_MALLOC_FREE_GB", "1.5")
+    assert free_limit() == 1_500_000_000

@@ -22,12 +22,11 @@ libraries' static data: a fixed one or two hundred MB), less free heap the kerne
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import sys
 from dataclasses import dataclass, field
 
 import torch
+
+from longhaul.malloc import heap as malloc_heap
 
 PARTS = ("weights", "gradients", "optimizer", "reference", "sampler", "kv_pool", "activations",
          "heap_other", "allocator_free", "files")
@@ -77,24 +76,6 @@ def _storage_bytes(tensors, counted: set[int]) -> int:
             counted.add(key)
             total += s.nbytes()
     return total
-
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-                                                 "uordblks", "fordblks", "keepcost")]
-
-
-def _heap() -> tuple[int, int] | None:
-    """(bytes in use, bytes held free) of glibc's malloc over all arenas; None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
-    except (OSError, AttributeError):  # not glibc, or glibc before 2.33
-        return None
-    fn.restype = _Mallinfo2
-    m = fn()
-    return m.uordblks + m.hblkhd, m.fordblks
 
 
 def _status() -> dict[str, int]:
@@ -154,7 +135,7 @@ def measure(policy=None, trainer=None, sampler=None) -> Breakdown:
             parts["sampler"] = _storage_bytes(_tensors({k: v for k, v in vars(runner).items() if k != "recorder"}), counted)
         else:
             parts["sampler"] = _storage_bytes(_tensors(sampler), counted)
-    heap = _heap()
+    heap = malloc_heap()
     if heap is not None:
         in_use, free = heap
         parts["heap_other"] = max(0, in_use - sum(parts.values()))
