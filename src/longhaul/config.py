@@ -22,9 +22,30 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+SCALED_ROPE_TYPES = ("linear", "dynamic", "yarn", "llama3")
+
+
 class ModelConfig(Section):
     name: str = "smollm2-135m-instruct"  # built-in name, HF directory, or .gguf file
     context_length: int | None = None  # None: the model's max_position_embeddings
+    # RoPE extension for this run, in the trainer and the engine alike (`models.scale_rope`), e.g.
+    # {rope_type: yarn, factor: 4}; linear, yarn and llama3 multiply the model's positions by factor
+    rope_scaling: dict | None = None
+
+    @field_validator("rope_scaling")
+    @classmethod
+    def _rope_scaling(cls, v: dict | None) -> dict | None:
+        if v is None:
+            return v
+        kind = v.get("rope_type", v.get("type"))
+        if kind not in SCALED_ROPE_TYPES:
+            raise ValueError(f"rope_scaling.rope_type {kind!r} is not one of {', '.join(SCALED_ROPE_TYPES)}; set one of them")
+        factor = v.get("factor")
+        if not isinstance(factor, (int, float)) or factor <= 1:
+            raise ValueError(f"rope_scaling.factor must be a number above 1 (how many times the model's context), got {factor!r}")
+        out = {k: val for k, val in v.items() if k != "type"}
+        out["rope_type"], out["factor"] = kind, float(factor)
+        return out
 
 
 class TaskConfig(Section):

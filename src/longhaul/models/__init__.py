@@ -4,6 +4,6 @@ Owns model/tokenizer loading and the built-in tiny test models. Does not own gen
 (`longhaul.inference`) or training (`longhaul.rl`).
 """
 
-from longhaul.models.loader import BUILTINS, cache_home, gguf_file, load_frozen, load_policy, prepare_builtin
+from longhaul.models.loader import BUILTINS, cache_home, gguf_file, load_frozen, load_policy, prepare_builtin, scale_rope
 
-__all__ = ["BUILTINS", "cache_home", "gguf_file", "load_frozen", "load_policy", "prepare_builtin"]
+__all__ = ["BUILTINS", "cache_home", "gguf_file", "load_frozen", "load_policy", "prepare_builtin", "scale_rope"]

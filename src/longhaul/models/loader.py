@@ -133,8 +133,37 @@ def _load_dir(path: Path):
     return model, tok
 
 
-def load_policy(name: str):
-    """Return (model in fp32, eval mode off, tokenizer with a pad token and left padding)."""
+def scale_rope(model, scaling: dict) -> None:
+    """Give `model` the RoPE extension `scaling` ({rope_type, factor, ...}, validated by
+    `ModelConfig`) in its config, where the engine reads it (`ops.rope`), and in its rotary
+    module, rebuilt from that config, so the trainer and the engine rotate alike. linear, yarn and
+    llama3 multiply max_position_embeddings by the factor (yarn and llama3 keep the original as
+    `original_max_position_embeddings`); dynamic NTK keeps it, being the length past which it
+    rescales. A model whose config already holds this scaling (a scaled run's export) is left as it is."""
+    cfg = model.config
+    current = dict(getattr(cfg, "rope_parameters", None) or {})
+    kind, factor = scaling["rope_type"], scaling["factor"]
+    if current.get("rope_type", "default") != "default":
+        if current.get("rope_type") == kind and float(current.get("factor", 0)) == factor:
+            return
+        raise LonghaulError(f"the model already has {current.get('rope_type')} RoPE scaling (factor {current.get('factor')}); "
+                            f"drop model.rope_scaling or start from the unscaled model")
+    inner = getattr(model, "model", None)
+    if getattr(inner, "rotary_emb", None) is None:
+        raise LonghaulError(f"model.rope_scaling needs a Llama/Qwen2-style model with a rotary module; {type(model).__name__} has none")
+    original = cfg.max_position_embeddings
+    params = {"rope_theta": current.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)), **scaling}
+    if kind in ("yarn", "llama3"):
+        params.setdefault("original_max_position_embeddings", original)
+    cfg.rope_parameters = params
+    if kind != "dynamic":
+        cfg.max_position_embeddings = int(original * factor)
+    inner.rotary_emb = type(inner.rotary_emb)(config=cfg)
+
+
+def load_policy(name: str, rope_scaling: dict | None = None):
+    """Return (model in fp32, eval mode off, tokenizer with a pad token and left padding), with
+    `rope_scaling` applied (`scale_rope`) when given."""
     if name in BUILTINS:
         model, tok = BUILTINS[name]()
     else:
@@ -154,6 +183,8 @@ def load_policy(name: str):
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     model.generation_config.pad_token_id = tok.pad_token_id
+    if rope_scaling is not None:
+        scale_rope(model, rope_scaling)
     return model, tok
 
 

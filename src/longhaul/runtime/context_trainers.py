@@ -65,7 +65,7 @@ def _follower(rank: int, world: int, init: str, cfg_json: str, threads: int) -> 
     torch.manual_seed(cfg.seed)
     join_group(rank, world, init)
     try:
-        policy, tok = load_policy(cfg.model.name)
+        policy, tok = load_policy(cfg.model.name, cfg.model.rope_scaling)
         t = cfg.train
         if t.lora_r:
             policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)

@@ -272,7 +272,7 @@ class Pipeline:
         """`evaluate`'s work, in this process: writes eval_<stage>.json and the transcripts.
         `only_humaneval` runs HumanEval alone and adds it to the stage's existing eval_<stage>.json."""
         c = self.cfg
-        policy, tok = load_policy(model)
+        policy, tok = load_policy(model, c.model.rope_scaling)
         run_cfg = _run_config(_merge(self._base_tree("eval"), {"model": {"name": model}}), "eval")
         sampler = make_sampler(run_cfg, policy, tok)
         results, episodes = {}, {}

@@ -179,7 +179,7 @@ class RolloutWorker:
 def worker_from_config(cfg, name: str) -> RolloutWorker:
     """A worker built from the config alone (in a child process or an actor): the model, its
     family and its sampler, at version -1 until the first weights arrive."""
-    policy, tok = load_policy(cfg.model.name)
+    policy, tok = load_policy(cfg.model.name, cfg.model.rope_scaling)
     return RolloutWorker(cfg, build_family(cfg), tok, make_sampler(cfg, policy, tok), name, version=-1)
 
 

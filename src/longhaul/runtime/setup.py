@@ -67,8 +67,13 @@ def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
         except ValueError as e:
             raise LonghaulError(f"task config: {e}") from e
         parts = [Part(None, family, train_tasks, heldout, cfg.rollout.max_new_tokens)]
-    policy, tok = load_policy(cfg.model.name)
+    policy, tok = load_policy(cfg.model.name, cfg.model.rope_scaling)
     context = cfg.model.context_length or policy.config.max_position_embeddings
+    scaling = cfg.model.rope_scaling
+    if scaling is not None and scaling["rope_type"] != "dynamic" and context > policy.config.max_position_embeddings:
+        raise LonghaulError(f"model.context_length {context} is past the {policy.config.max_position_embeddings} positions that "
+                            f"{scaling['rope_type']} RoPE scaling by {scaling['factor']:g} gives; raise model.rope_scaling.factor "
+                            f"or lower model.context_length")
     for part in parts:
         check_context(part, tok, context, cfg.eval.max_new_tokens if part.heldout else 0)
     if training and cfg.rollout.guidance != "off":

@@ -45,7 +45,7 @@ def join_group(rank: int, world: int, init: str) -> None:
 
 def _build(cfg, dp, ckpt: str | None):
 
-    policy, tok = load_policy(cfg.model.name)
+    policy, tok = load_policy(cfg.model.name, cfg.model.rope_scaling)
     t = cfg.train
     if t.lora_r:
         policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
