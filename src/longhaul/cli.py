@@ -55,7 +55,7 @@ def pipeline(
 @app.command("eval")
 def eval_cmd(
     model: str = typer.Option("smollm2-135m-instruct", "--model", help="built-in name, HF directory or .gguf"),
-    suite: str = typer.Option("funcgen", "--suite", help="task family: funcgen, humaneval, bugfix, terminal, multistep, echo, or package.module:Name"),
+    suite: str = typer.Option("funcgen", "--suite", help="task family: funcgen, humaneval, bugfix, terminal, multistep, scene3d, niah (long context), echo, or package.module:Name"),
     n: int = typer.Option(120, "--n", help="held-out tasks"),
     difficulty: int = typer.Option(1, "--difficulty"),
     max_new_tokens: int = typer.Option(384, "--max-new-tokens", help="generation budget per answer (per turn for multi-turn families)"),
@@ -102,6 +102,9 @@ def eval_cmd(
             lo, hi = summary[key + "_ci95"]
             print(f"{key}: {100 * summary[key]:.1f}% (95% [{100 * lo:.1f}, {100 * hi:.1f}])")
         print(f"no-compile rate {100 * summary['no_compile_rate']:.1f}%, limit-hit rate {100 * summary['limit_rate']:.1f}%")
+        groups = summary.get("by_subfamily", {})
+        if len(groups) > 1:
+            print("by sub-family: " + ", ".join(f"{k} {g['passed']}/{g['n']}" for k, g in groups.items()))
 
 
 @app.command()

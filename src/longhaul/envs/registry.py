@@ -23,7 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from longhaul.envs import echo, funcgen, humaneval
+from longhaul.envs import echo, funcgen, humaneval, niah
 from longhaul.envs.code import extract_code
 from longhaul.envs.sources import content_hash, family_sources
 from longhaul.errors import LonghaulError
@@ -104,6 +104,9 @@ _ANSWER = {
                         null_reply=lambda t: _fence("    pass"), modules=(humaneval.__name__,), fixed_set=True),
     "echo": Family("echo", echo.VERSION, "answer", echo.make_split, (), (1, 2, 3), score_many=echo.score_many,
                    reference_reply=lambda t: t.target, modules=(echo.__name__,)),
+    "niah": Family("niah", niah.VERSION, "answer", niah.make_split, niah.SUBFAMILIES, (1,), ("heldout",),
+                   score_many=niah.score_many, reference_reply=niah.reference_reply, null_reply=niah.null_reply,
+                   modules=(niah.__name__,)),
 }
 _WORKSPACE = ("bugfix", "terminal", "multistep", "scene3d")  # modules of longhaul.envs, imported on first use
 
