@@ -14,7 +14,10 @@ fp32 GEMM rate measured here, and decoding at the measured memory bandwidth (eve
 step reads all weights once). No system doing the same maths on this host can beat it. TRL runs in the anchor environment
 under `--anchors` (its `hf` venv and the model; built without vLLM is enough).
 
-    python benchmarks/rl_step.py --trl-script PATH [--steps 4] [--anchors ~/.cache/longhaul-anchors]
+    python benchmarks/rl_step.py --trl-script PATH [--steps 4] [--anchors ~/.cache/longhaul-anchors] [--busy 1]
+
+`--busy N` runs longhaul's rows once more beside N busy processes (`python -c "while True: pass"`):
+the step time on a shared machine, and each row's slowdown against its own alone figure.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from longhaul.inference import RolloutParams, make_engine, sync_weights
 from longhaul.models import load_policy
 from longhaul.rl.grpo import GRPOTrainer
 from longhaul.types import Score
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from contention import busy  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -126,6 +132,7 @@ def main():
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--trl-script", required=True, help="the anchor's TRL GRPO script (trl_grpo_bench.py)")
     ap.add_argument("--anchors", default=os.environ.get("ANCHORS", str(Path.home() / ".cache" / "longhaul-anchors")))
+    ap.add_argument("--busy", type=int, default=0, help="also run longhaul's rows beside this many busy processes")
     ap.add_argument("--out", default=str(HERE / "results" / "rl_step.json"))
     args = ap.parse_args()
     phases = {"longhaul GRPO, fp32": []}
@@ -136,6 +143,12 @@ def main():
         runs["longhaul GRPO, bf16 engine + autocast"] = ours(args.steps, True, phases["longhaul GRPO, bf16 engine + autocast"])
     else:
         print("bf16 row skipped: this CPU has no bf16 arithmetic (auto picks fp32 here)", file=sys.stderr)
+    if args.busy:
+        for name in [k for k in runs if k.startswith("longhaul")]:
+            key = f"{name}, beside {args.busy} busy"
+            phases[key] = []
+            with busy(args.busy):
+                runs[key] = ours(args.steps, "bf16" in name, phases[key])
     # the first step pays one-off warm-up in both systems; report the median of the rest
     med = {k: statistics.median(v[1:] if len(v) > 1 else v) for k, v in runs.items()}
     anchor = med["TRL GRPOTrainer 1.x, fp32 (anchor)"]
@@ -148,6 +161,12 @@ def main():
     print(f"{'system':42s} {'s/step (median)':>16s} {'speed-up':>9s}")
     for k, v in med.items():
         print(f"{k:42s} {v:16.1f} {anchor / v:8.2f}x")
+    for k, v in runs.items():
+        if k.startswith("longhaul") and len(v) > 2:
+            print(f"{k}: steps 2-{len(v)} {' '.join(f'{t:.1f}' for t in v[1:])} s (max/min {max(v[1:]) / min(v[1:]):.2f})")
+        if ", beside " in k:
+            alone = med[k.split(", beside ")[0]]
+            print(f"{k}: {med[k] / alone:.2f}x the step time alone")
     print(f"host: fp32 GEMM {rates['gemm_gflops']:.0f} GFLOP/s, memory read {rates['read_gbs']:.1f} GB/s")
     print(f"{'phase':8s} {'longhaul s':>11s} {'floor s':>8s} {'of floor':>9s}")
     for k in floor:

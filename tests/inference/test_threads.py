@@ -13,7 +13,7 @@ import torch
 from longhaul.cpus import CpuLoad, _cgroup_usage_reader, proc_stat_busy
 from longhaul.inference import LLMEngine
 from longhaul.inference.sampling import SamplingParams
-from longhaul.inference.threads import ThreadGovernor
+from longhaul.inference.threads import SectionThreads, ThreadGovernor
 from longhaul.models import load_policy
 
 
@@ -192,3 +192,29 @@ def test_cpu_load_sees_a_real_busy_process():
         pass  # our own work is not a neighbour's
     _, mine = load.others()
     assert mine < 0.5, f"this process's own work read as {mine:.2f} CPUs of others'"
+
+
+def test_section_threads_follow_the_neighbours_of_the_previous_run():
+    """A training step gets the count the neighbours left during the previous step, not during
+    what ran between steps; the caller's count comes back after each."""
+    m, nb = Machine(), Neighbours()
+    sec = SectionThreads(load=nb.load, set_threads=m.set, get_threads=lambda: m.threads)
+
+    def section(use, seconds=1.0):
+        with sec:
+            used = m.threads
+            nb.use = use
+            nb.now += seconds
+            nb.busy += use * seconds
+        return used
+
+    assert section(0.0) == 2 and m.threads == 2
+    assert section(0.9) == 2  # a neighbour appears during this step ...
+    assert section(0.9) == 1 and m.threads == 2  # ... so the next step runs at one thread, and gives two back
+    nb.now += 5.0
+    nb.busy += 5.0 * 1.5  # between steps (generation, its sandboxed commands): not the step's window
+    assert section(0.32) == 1  # inside the band: stays
+    assert section(0.05) == 1
+    assert section(0.0) == 2  # the neighbour left during the previous step
+    m.threads = 1  # the caller allows one thread: the cap
+    assert section(0.0) == 1

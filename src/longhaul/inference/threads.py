@@ -43,6 +43,56 @@ TAKE = 0.4  # a neighbour using more than this share of a CPU takes a thread awa
 GIVE = 0.25  # ... and the thread comes back when neighbours use at most this much
 
 
+def threads_for(load: CpuLoad, n: int, cap: int) -> int:
+    """The thread count after `n` threads ran since `load`'s last reading (read now): as many as
+    the neighbours left free, with the TAKE / GIVE band, at most `cap`."""
+    _, others = load.others()
+    free = load.cpus - others
+    want = max(1, min(cap, math.floor(free + TAKE)))
+    if want > n:
+        want = max(n, min(want, math.floor(free + GIVE)))
+    return want
+
+
+class SectionThreads:
+    """Intra-op threads for a long section that recurs, such as a training step: each run of it
+    gets as many threads as the neighbours left free during the previous run (its own window, so
+    what ran between two runs, e.g. generation and its sandboxed commands, does not count).
+
+        with section_threads:
+            trainer.step(batch)
+
+    Caps at the thread count set when the section starts and gives it back at the end. Without
+    readable counters (`CpuLoad.open()` None) it leaves the count alone."""
+
+    def __init__(self, load: CpuLoad | None | str = "auto", set_threads: Callable[[int], None] = torch.set_num_threads,
+                 get_threads: Callable[[], int] = torch.get_num_threads):
+        self.load = CpuLoad.open() if load == "auto" else load
+        self._set, self._get = set_threads, get_threads
+        self.choice: int | None = None
+        self._run: tuple[int, int] | None = None  # (cap, count) of the run in progress
+
+    def __enter__(self) -> "SectionThreads":
+        if self.load is None:
+            return self
+        cap = self._get()
+        n = min(self.choice or cap, cap)
+        if n != cap:
+            self._set(n)
+        self._run = (cap, n)
+        self.load.others()  # the window starts here
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._run is None:
+            return
+        cap, n = self._run
+        self._run = None
+        self.choice = threads_for(self.load, n, cap)
+        if self._get() != cap:
+            self._set(cap)
+
+
 class ThreadGovernor:
     def __init__(self, probe_steps: int = 3, first_probe: int = 4, min_interval: int = 32, max_interval: int = 512,
                  clock: Callable[[], float] = time.perf_counter, set_threads: Callable[[int], None] = torch.set_num_threads,
@@ -107,11 +157,7 @@ class ThreadGovernor:
         n = min(self.choice or cap, cap)
         if self.load.elapsed() < (WINDOW_S if self.choice is not None else FIRST_WINDOW_S):
             return n
-        _, others = self.load.others()
-        free = self.load.cpus - others
-        want = max(1, min(cap, math.floor(free + TAKE)))
-        if want > n:
-            want = max(n, min(want, math.floor(free + GIVE)))
+        want = threads_for(self.load, n, cap)
         if want != n:
             self.switches += 1
         self.choice = want

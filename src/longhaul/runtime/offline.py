@@ -21,6 +21,7 @@ import transformers
 from longhaul.config import RunConfig, dump_config
 from longhaul.errors import LonghaulError
 from longhaul.eval.report import write_report
+from longhaul.inference.threads import SectionThreads
 from longhaul.malloc import bound_free_heap, free_limit
 from longhaul.models import load_frozen, load_policy
 from longhaul.models.lora import apply_lora
@@ -174,7 +175,7 @@ def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(cfg.seed)
     spec = builder(cfg.algo.name, "offline")
-    policy, tok = load_policy(cfg.model.name)
+    policy, tok = load_policy(cfg.model.name, cfg.model.rope_scaling)
     check_context_parallel(cfg, spec.context_parallel, policy)
     items = encode_dataset(cfg, tok, spec)
     train_items, heldout = split_heldout(items, cfg.data.heldout_fraction if cfg.eval.before_after else 0.0, cfg.seed)
@@ -217,12 +218,14 @@ def _train(cfg: RunConfig, spec: OfflineAlgo, built: Built, tok, data: tuple[lis
     B = cfg.data.batch_size
     if cfg.log.progress:
         console.print(measure(built.model, trainer).table())
+    threads = SectionThreads()  # a step's threads, from what neighbours used during the last one
     with progress_bar(cfg.log.progress) as prog, StopNotice() as notice:
         bar = prog.add_task(f"train {cfg.algo.name}", total=t.steps, completed=start, info="")
         for step in range(start + 1, t.steps + 1):
             t0 = time.perf_counter()
             rows = [train_items[i] for i in batch_indices(step, B, len(train_items), cfg.seed, cfg.data.shuffle)]
-            m = trainer.step(rows)
+            with threads:
+                m = trainer.step(rows)
             if not math.isfinite(m.get("loss", 0.0)):
                 raise LonghaulError(f"step {step} produced a non-finite loss; the last checkpoint is intact; lower train.lr, then --resume")
             m["step_time"] = time.perf_counter() - t0

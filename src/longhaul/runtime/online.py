@@ -19,6 +19,7 @@ from longhaul.config import RunConfig, dump_config
 from longhaul.eval.agent_metrics import agent_metrics
 from longhaul.eval.passrate import compare
 from longhaul.eval.report import write_report
+from longhaul.inference.threads import SectionThreads
 from longhaul.malloc import bound_free_heap, free_limit
 from longhaul.models import load_frozen, load_policy
 from longhaul.models.lora import apply_lora
@@ -169,12 +170,13 @@ def _evaluate_base(cfg: RunConfig, prep, rollouts, policy, tok, ckpt, run_dir: P
     finds it on disk; if not, the base weights are reloaded."""
     if not cfg.eval.before_after:
         return None
-    base_model = _eval_sampler(cfg, rollouts, policy, tok) if ckpt is None else (lambda: make_sampler(cfg, load_policy(cfg.model.name)[0], tok))
+    base_model = _eval_sampler(cfg, rollouts, policy, tok) if ckpt is None else (lambda: make_sampler(cfg, load_policy(cfg.model.name, cfg.model.rope_scaling)[0], tok))
     return evaluate_heldout(prep, base_model, "base", run_dir / "eval_base.json")
 
 
 def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir: Path, log: MetricsLog, start: int,
                  notice: StopNotice) -> None:
+    threads = SectionThreads()  # the update's threads, from what neighbours used during the last update
     with progress_bar(cfg.log.progress) as prog:
         bar = prog.add_task("train", total=cfg.train.steps, completed=start, info="")
         for step in range(start + 1, cfg.train.steps + 1):
@@ -184,7 +186,8 @@ def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir:
             torch.set_num_threads(ctl.trainer_threads())
             ctl.rollouts.training(True)
             try:
-                m = trainer.step(groups)
+                with threads:
+                    m = trainer.step(groups)
             finally:
                 ctl.rollouts.training(False)
             ctl.publish(step)
