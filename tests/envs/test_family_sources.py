@@ -60,7 +60,7 @@ WORKSPACE = {"bugfix", "terminal", "multistep", "scene3d"}
     ("envs/multistep.py", {"multistep"}),
     ("envs/state_check.py", {"terminal", "multistep"}),  # the checker program, a file state_task.py names
     ("envs/state_task.py", {"terminal", "multistep"}),
-    ("envs/kit.py", {"funcgen", "echo", "terminal", "multistep", "scene3d"}),
+    ("envs/kit.py", {"funcgen", "echo", "niah", "terminal", "multistep", "scene3d"}),
     ("envs/wheel.py", {"terminal"}),
     ("envs/workspace.py", WORKSPACE),  # the env every workspace task runs in
     ("sandbox/spec.py", WORKSPACE),  # reached through workspace -> longhaul.sandbox's __init__
@@ -70,7 +70,7 @@ WORKSPACE = {"bugfix", "terminal", "multistep", "scene3d"}
     ("envs/code.py", {"humaneval"}),
     ("envs/funcgen.py", {"funcgen"}),
     ("envs/funcgen_structured.py", {"funcgen"}),  # a builder module funcgen imports
-    ("types.py", WORKSPACE | {"echo"}),
+    ("types.py", WORKSPACE | {"echo", "niah"}),
     ("envs/registry.py", set()),  # the package __init__ imports it, but no family's module does
     ("envs/__init__.py", set()),
     ("cli.py", set()),
