@@ -13,7 +13,9 @@ Parts, each counted once (a storage shared by two holders goes to the first in t
 - activations: rollout activations kept for the training forward (`RolloutActivations`);
 - heap_other: the rest of the C heap in use (Python objects, tokenizers, tensors held elsewhere);
 - allocator_free: heap the allocator holds free for reuse (a step's activations and logits
-  after it ended: longhaul keeps freed memory, `longhaul.malloc`);
+  after it ended: longhaul keeps freed memory, `longhaul.malloc`), at most what the other parts
+  leave of the resident figure: free chunks whose pages were handed back (`bound_free_heap`)
+  stay in the allocator's count but are not resident;
 - files: mapped files (shared libraries, the model file) and shared memory.
 `resident` is the kernel's VmRSS, `peak` its VmHWM; `unaccounted` is resident minus the
 parts: memory outside the C heap that no part names (Python's object arenas, thread stacks,
@@ -136,10 +138,10 @@ def measure(policy=None, trainer=None, sampler=None) -> Breakdown:
         else:
             parts["sampler"] = _storage_bytes(_tensors(sampler), counted)
     heap = malloc_heap()
-    if heap is not None:
-        in_use, free = heap
-        parts["heap_other"] = max(0, in_use - sum(parts.values()))
-        parts["allocator_free"] = free
     st = _status()
     parts["files"] = st.get("RssFile", 0) + st.get("RssShmem", 0)
+    if heap is not None:
+        in_use, free = heap
+        parts["heap_other"] = max(0, in_use - sum(parts.values()) + parts["files"])
+        parts["allocator_free"] = min(free, max(0, st.get("VmRSS", 0) - sum(parts.values())))
     return Breakdown(parts, st.get("VmRSS", 0), st.get("VmHWM", 0))
