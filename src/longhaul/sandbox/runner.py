@@ -57,9 +57,9 @@ def launcher_prefix(spec: SandboxSpec, uid: int | None, use_cgroup_limits: bool,
     """An argv prefix that does what `rlimit_preexec` does in small programs exec'd one after the
     other: sh joins the cgroup, util-linux's prlimit sets the rlimits, setpriv drops to the
     sandbox uid. With it the caller spawns without a preexec function, which Python does with
-    vfork: a fork would copy the page tables of the caller's memory (a trainer's many GB, tens to
-    hundreds of ms a command) and make every page the caller writes afterwards fault once more.
-    The caller starts a new session (`start_new_session`). None where a tool is missing."""
+    vfork: a fork copies the page tables of all the caller's memory (a trainer's many GB), a cost
+    that grows with it, and makes every page the caller writes afterwards fault once more. The
+    caller starts a new session (`start_new_session`). None where a tool is missing."""
     tools = _launcher_tools()
     if tools is None:
         return None
