@@ -37,6 +37,7 @@ from longhaul.malloc import keep_freed_memory
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.hardware import native_bf16
 from longhaul.inference import RolloutParams, make_engine, sync_weights
+from longhaul.inference.threads import SectionThreads
 from longhaul.models import load_policy
 from longhaul.rl.grpo import GRPOTrainer
 from longhaul.types import Score
@@ -96,11 +97,12 @@ def ours(steps: int, fast: bool, phases: list[dict]) -> list[float]:
     reuse = trainer.reuse_rollout_forward(sampler)  # fp32: the rollout's forward is the training forward (same maths)
     params = RolloutParams(max_new_tokens=128, temperature=1.0)
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())  # tied embeddings once
-    times = []
+    times, threads = [], SectionThreads()
     for step in range(steps):
         t0 = time.perf_counter()
         groups, gm = run_groups(sampler, tok, ToyFamily, [Task(step)], params, 8, seed=step, version=step)
-        m = trainer.step(groups)
+        with threads:  # the update's threads from the neighbours' CPU use, as `longhaul train` sets them
+            m = trainer.step(groups)
         sync_weights(sampler, model, version=step + 1)
         times.append(time.perf_counter() - t0)
         phases.append({"gen": gm["timing/gen"], "gen_tokens": gm["gen_tokens"], "prompt_tokens": len(groups[0][0].turns[0].prompt_ids),
