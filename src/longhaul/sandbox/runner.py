@@ -53,6 +53,22 @@ def _launcher_tools() -> tuple[str, str, str] | None:
 _JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
 
 
+def _rlimits(spec: SandboxSpec, uid: int | None, use_cgroup_limits: bool) -> list[tuple[str, int, int]]:
+    """The rlimits a sandboxed command starts under, as (name, soft, hard); the name is both the
+    `resource.RLIMIT_*` suffix and prlimit's option."""
+    cpu = max(1, int(spec.cpu_s + 0.999))
+    out = [("cpu", cpu, cpu + 1), ("fsize", spec.fsize_bytes, spec.fsize_bytes), ("nofile", spec.open_files, spec.open_files),
+           ("core", 0, 0)]
+    if not use_cgroup_limits:
+        out.append(("as", spec.memory_bytes, spec.memory_bytes))
+    if uid is not None:
+        # the kernel ignores RLIMIT_NPROC for root, so it only holds once we are `uid`; with a
+        # pids cgroup it is a backstop set above the cgroup, so the cgroup (which counts refusals) trips first
+        nproc = spec.pids + 16 if use_cgroup_limits else spec.pids
+        out.append(("nproc", nproc, nproc))
+    return out
+
+
 def launcher_prefix(spec: SandboxSpec, uid: int | None, use_cgroup_limits: bool, cgroup_procs: list[Path]) -> list[str] | None:
     """An argv prefix that does what `rlimit_preexec` does in small programs exec'd one after the
     other: sh joins the cgroup, util-linux's prlimit sets the rlimits, setpriv drops to the
@@ -64,15 +80,8 @@ def launcher_prefix(spec: SandboxSpec, uid: int | None, use_cgroup_limits: bool,
     if tools is None:
         return None
     sh, prlimit, setpriv = tools
-    cpu = max(1, int(spec.cpu_s + 0.999))
-    out = [sh, "-c", _JOIN, "sh", *map(str, cgroup_procs), "--"]
-    out += [prlimit, f"--cpu={cpu}:{cpu + 1}", f"--fsize={spec.fsize_bytes}:{spec.fsize_bytes}",
-            f"--nofile={spec.open_files}:{spec.open_files}", "--core=0:0"]
-    if not use_cgroup_limits:
-        out.append(f"--as={spec.memory_bytes}:{spec.memory_bytes}")
-    if uid is not None:
-        nproc = spec.pids + 16 if use_cgroup_limits else spec.pids  # as `rlimit_preexec` explains
-        out.append(f"--nproc={nproc}:{nproc}")
+    out = [sh, "-c", _JOIN, "sh", *map(str, cgroup_procs), "--", prlimit]
+    out += [f"--{name}={soft}:{hard}" for name, soft, hard in _rlimits(spec, uid, use_cgroup_limits)]
     out.append("--")
     if uid is not None:
         out += [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
@@ -82,23 +91,15 @@ def launcher_prefix(spec: SandboxSpec, uid: int | None, use_cgroup_limits: bool,
 def rlimit_preexec(spec: SandboxSpec, uid: int | None, use_cgroup_limits: bool, join: Callable[[], None] | None):
     """The child side, between fork and exec: join the cgroup, set rlimits, drop to the sandbox
     uid. Used where `launcher_prefix` cannot be."""
-    cpu = max(1, int(spec.cpu_s + 0.999))
+    limits = [(getattr(resource, f"RLIMIT_{name.upper()}"), soft, hard) for name, soft, hard in _rlimits(spec, uid, use_cgroup_limits)]
 
     def apply():
         os.setsid()
         if join:
             join()
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (spec.fsize_bytes, spec.fsize_bytes))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (spec.open_files, spec.open_files))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if not use_cgroup_limits:
-            resource.setrlimit(resource.RLIMIT_AS, (spec.memory_bytes, spec.memory_bytes))
+        for which, soft, hard in limits:
+            resource.setrlimit(which, (soft, hard))
         if uid is not None:
-            # the kernel ignores RLIMIT_NPROC for root, so it only holds once we are `uid`
-            # with a pids cgroup it is a backstop set above the cgroup, so the cgroup (which counts refusals) trips first
-            nproc = spec.pids + 16 if use_cgroup_limits else spec.pids
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
