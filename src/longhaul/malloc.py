@@ -98,3 +98,10 @@ def free_limit() -> int | None:
     """Free heap a training process may hold between steps (`LONGHAUL_MALLOC_FREE_GB`), or None."""
     v = os.environ.get("LONGHAUL_MALLOC_FREE_GB")
     return None if not v else int(float(v) * 1e9)
+
+
+def between_steps() -> dict:
+    """What a training loop calls after each step: bound the free heap to `free_limit()` when one
+    is set; the metric to log (`memory/trimmed_gb`), or nothing."""
+    limit = free_limit()
+    return {} if limit is None else {"memory/trimmed_gb": bound_free_heap(limit) / 1e9}

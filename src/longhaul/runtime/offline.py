@@ -22,7 +22,7 @@ from longhaul.config import RunConfig, dump_config
 from longhaul.errors import LonghaulError
 from longhaul.eval.report import write_report
 from longhaul.inference.threads import SectionThreads
-from longhaul.malloc import bound_free_heap, free_limit
+from longhaul.malloc import between_steps
 from longhaul.models import load_frozen, load_policy
 from longhaul.models.lora import apply_lora
 from longhaul.rl.checkpoint import (
@@ -230,8 +230,7 @@ def _train(cfg: RunConfig, spec: OfflineAlgo, built: Built, tok, data: tuple[lis
                 raise LonghaulError(f"step {step} produced a non-finite loss; the last checkpoint is intact; lower train.lr, then --resume")
             m["step_time"] = time.perf_counter() - t0
             m["epoch"] = step * B / len(train_items)
-            if free_limit() is not None:
-                m["memory/trimmed_gb"] = bound_free_heap(free_limit()) / 1e9
+            m.update(between_steps())
             m.update(measure(built.model, trainer).metrics())
             last = step == t.steps
             if heldout and (last or (t.save_every and step % t.save_every == 0)):

@@ -20,7 +20,7 @@ from longhaul.eval.agent_metrics import agent_metrics
 from longhaul.eval.passrate import compare
 from longhaul.eval.report import write_report
 from longhaul.inference.threads import SectionThreads
-from longhaul.malloc import bound_free_heap, free_limit
+from longhaul.malloc import between_steps
 from longhaul.models import load_frozen, load_policy
 from longhaul.models.lora import apply_lora
 from longhaul.rl.checkpoint import (
@@ -191,11 +191,10 @@ def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir:
             finally:
                 ctl.rollouts.training(False)
             ctl.publish(step)
-            trimmed = bound_free_heap(free_limit()) if free_limit() is not None else None
+            trimmed = between_steps()
             metrics = {**_step_metrics(groups, gen, m, time.perf_counter() - t0), **ctl.stats(), **ctl.source.metrics(),
                        **measure(policy, trainer, getattr(ctl.rollouts, "sampler", None)).metrics()}
-            if trimmed is not None:
-                metrics["memory/trimmed_gb"] = trimmed / 1e9
+            metrics.update(trimmed)
             log.write(step, metrics)
             kl_key = "distill/reverse_kl" if "distill/reverse_kl" in metrics else "kl"
             info = (f"reward {metrics['reward']:.3f} pass {metrics['pass_rate']:.2f} {kl_key} {metrics[kl_key]:.4f} "
