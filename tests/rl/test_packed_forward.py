@@ -79,8 +79,11 @@ def test_an_empty_completion_gets_an_all_zero_row():
 
 @pytest.mark.parametrize("chunk", [3, 256])
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_fused_head_equals_plain_head_values_and_grads(monkeypatch, chunk, temperature):
+@pytest.mark.parametrize("keep", [True, False])
+def test_fused_head_equals_plain_head_values_and_grads(monkeypatch, chunk, temperature, keep):
     monkeypatch.setattr(fused_head, "CHUNK", chunk)  # 3: several chunks and a ragged last one
+    monkeypatch.setattr(fused_head, "BACKWARD_CHUNK", 4)  # the recomputed backward: chunks and a ragged last one
+    monkeypatch.setattr(fused_head, "KEEP_BYTES", 1 << 30 if keep else 0)  # keep the softmax, or recompute it
     g = torch.Generator().manual_seed(0)
     h = torch.randn(10, 16, generator=g, requires_grad=True)
     w = (torch.randn(50, 16, generator=g) * 0.5).requires_grad_()

@@ -26,6 +26,8 @@ import torch
 from longhaul.ops.kernels import native
 
 CHUNK = 256  # rows a chunk: a (256, 49152) fp32 block is 48 MB, the size of a large L3
+KEEP_BYTES = 512 << 20  # a softmax (M, V) fp32 larger than this is recomputed in the backward, not kept
+BACKWARD_CHUNK = 1024  # rows a recomputed chunk: ~200 MB at V = 49,152, few passes over grad_W
 
 
 def _mm_dtype() -> torch.dtype | None:
@@ -98,10 +100,20 @@ def _forward(hidden, weight, targets, temperature: float, with_entropy: bool, ke
     return logp, ent, probs, dt
 
 
+def _logits_grad(p: torch.Tensor, targets: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The softmax p (m, V) turned in place into d loss / d z for per-row weights g (m,) on log p(target)."""
+    return p.mul_(-g[:, None]).scatter_add_(1, targets[:, None], g[:, None])
+
+
 class _HeadLogprobs(torch.autograd.Function):
+    """Keeps the softmax (M, V) for the backward's two GEMMs; past `KEEP_BYTES` (long packed rows:
+    4,096 tokens' softmax is 0.8 GB at V = 49,152) keeps nothing and recomputes it a
+    `BACKWARD_CHUNK` at a time, one more head GEMM for O(chunk) memory."""
+
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, with_entropy: bool, head=None, logits=None, scratch=False):
-        logp, ent, probs, dt = _forward(hidden, weight, targets, temperature, with_entropy, keep_p=True, head=head, logits=logits,
+        keep = logits is not None or hidden.shape[0] * weight.shape[0] * 4 <= KEEP_BYTES
+        logp, ent, probs, dt = _forward(hidden, weight, targets, temperature, with_entropy, keep_p=keep, head=head, logits=logits,
                                         scratch=scratch)
         ctx.save_for_backward(hidden, weight, targets)
         ctx.probs, ctx.temperature, ctx.dt = probs, temperature, dt
@@ -113,16 +125,38 @@ class _HeadLogprobs(torch.autograd.Function):
     def backward(ctx, g_logp, _g_ent):
         hidden, weight, targets = ctx.saved_tensors
         dt = ctx.dt
-        gl, ctx.probs = ctx.probs, None  # (M, V) softmax, turned in place into the logits' gradient
         g = g_logp.float() / ctx.temperature  # (M,)
-        gl.mul_(-g[:, None]).scatter_add_(1, targets[:, None], g[:, None])
-        if dt is not None:
-            gl, weight_mm, hidden_mm = gl.to(dt), weight.to(dt), hidden.to(dt)
-        else:
-            weight_mm, hidden_mm = weight, hidden
-        grad_h = (gl @ weight_mm).to(hidden.dtype) if ctx.needs_input_grad[0] else None
-        grad_w = (gl.t() @ hidden_mm).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        return grad_h, grad_w, None, None, None, None, None, None
+        weight_mm = weight.to(dt) if dt is not None else weight
+        need_h, need_w = ctx.needs_input_grad[:2]
+        if ctx.probs is not None:
+            gl, ctx.probs = _logits_grad(ctx.probs, targets, g), None  # (M, V), in the kept softmax's buffer
+            grad_h, grad_w = _head_grads(gl, hidden, weight_mm, dt, need_h, need_w)
+            return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None, None
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        for s in range(0, hidden.shape[0], BACKWARD_CHUNK):
+            h = hidden[s:s + BACKWARD_CHUNK].detach()
+            z = _logits(h, weight_mm.detach(), dt)
+            if ctx.temperature != 1.0:
+                z.div_(ctx.temperature)
+            _chunk_stats(z, targets[s:s + BACKWARD_CHUNK], False, keep_p=True)
+            gh, gw = _head_grads(_logits_grad(z, targets[s:s + BACKWARD_CHUNK], g[s:s + BACKWARD_CHUNK]), h, weight_mm, dt,
+                                 need_h, need_w)
+            if gh is not None:
+                grad_h[s:s + BACKWARD_CHUNK] = gh
+            if gw is not None:
+                grad_w += gw
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None, None
+
+
+def _head_grads(gl: torch.Tensor, hidden: torch.Tensor, weight_mm: torch.Tensor, dt, need_h: bool, need_w: bool):
+    """d loss / d logits (m, V) -> (grad of hidden (m, H), of the head weight (V, H)), the matmuls in dt if set."""
+    hidden_mm = hidden
+    if dt is not None:
+        gl, hidden_mm = gl.to(dt), hidden.to(dt)
+    grad_h = (gl @ weight_mm).to(hidden.dtype) if need_h else None
+    grad_w = (gl.t() @ hidden_mm).float() if need_w else None
+    return grad_h, grad_w
 
 
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
