@@ -50,6 +50,7 @@ from longhaul.models.lora import unwrap
 from longhaul.ops.linear import pack
 from longhaul.ops.rope import rotate_half
 from longhaul.rl.packed_native import NativeSwiGLU, kernels_for, native_attention, rms_norm
+from longhaul.rl.tiled_attention import packed_sdpa, worth_tiling
 
 SUPPORTED = ("llama", "qwen2")
 CHECKPOINT_ROWS = 4096  # a differentiable forward of more flat rows than this recomputes each layer in backward
@@ -185,15 +186,21 @@ def _attention(q, k, v, b: PackedBatch, hkv: int, mask: torch.Tensor) -> torch.T
     qp = q.index_select(0, b.q_index.reshape(-1)).view(R, Tq, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(R, hkv, g * Tq, d)
     kp = k.index_select(0, b.kv_index.reshape(-1)).view(R, Lk, hkv, d).transpose(1, 2)
     vp = v.index_select(0, b.kv_index.reshape(-1)).view(R, Lk, hkv, d).transpose(1, 2)
-    o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)  # (R, Hkv, G * Tq, D)
+    o = packed_sdpa(qp, kp, vp, b.q_len, b.kv_len, g, mask)  # (R, Hkv, G * Tq, D)
     o = o.view(R, hkv, g, Tq, d).permute(0, 3, 1, 2, 4).reshape(R * Tq, hq * d)
     return o.index_select(0, b.out_index)
 
 
-def _sdpa_mask(b: PackedBatch, g: int, dtype: torch.dtype) -> torch.Tensor:
+def _sdpa_mask(b: PackedBatch, g: int, dtype: torch.dtype) -> torch.Tensor | None:
     """The attention mask with the G query heads of a KV head folded into the query length, as
     an additive float mask (0 / -inf), made once a forward: given the boolean one, SDPA
-    converts it again in every layer's forward and backward (~0.1 s a GRPO step)."""
+    converts it again in every layer's forward and backward (~0.1 s a GRPO step). None when the
+    dense mask would be large (`tiled_attention.worth_tiling`): then attention runs in tiles."""
+    R, _, Tq, Lk = b.attn_mask.shape
+    return None if worth_tiling(R, g * Tq, Lk) else _dense_mask(b, g, dtype)
+
+
+def _dense_mask(b: PackedBatch, g: int, dtype: torch.dtype) -> torch.Tensor:
     R, _, Tq, Lk = b.attn_mask.shape
     allowed = b.attn_mask.expand(R, g, Tq, Lk).reshape(R, 1, g * Tq, Lk)
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
@@ -275,7 +282,8 @@ def _self_attention(qkv, b: PackedBatch, cos, sin, shape: tuple[int, int, int], 
     native = b.context is None and kernels is not None and all(t.dtype == torch.float32 for t in qkv)
     dtype = qkv[0].dtype
     if b.context is None and dtype not in masks:
-        masks[dtype] = _sdpa_mask(b, hq // hkv, dtype).to(qkv[0].device)
+        mask = _sdpa_mask(b, hq // hkv, dtype)
+        masks[dtype] = None if mask is None else mask.to(qkv[0].device)
     if native:
         return native_attention(qkv, b, cos, sin, hq, hkv, masks[dtype], kernels)
     q, k, v = qkv if len(qkv) == 3 else qkv[0].split([hq * d, hkv * d, hkv * d], dim=-1)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from longhaul.ops.kernels import native
+from longhaul.rl.tiled_attention import packed_sdpa
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
@@ -73,7 +74,7 @@ def native_attention(qkv, b, cos, sin, hq: int, hkv: int, mask: torch.Tensor, na
     projection or its (q, k, v) parts."""
     parts = (qkv[0], None, None) if len(qkv) == 1 else qkv
     qp, kp, vp = _NativeAttentionPack.apply(*parts, cos, sin, b, hq, hkv, native)
-    o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
+    o = packed_sdpa(qp, kp, vp, b.q_len, b.kv_len, hq // hkv, mask)
     return _NativeAttentionUnpack.apply(o, b, hq, native)
 
 

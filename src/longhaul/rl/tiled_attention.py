@@ -1,0 +1,126 @@
+"""Causal attention over the packed batch's padded attention rows, a tile of queries at a time,
+with a backward that recomputes the probabilities: memory linear in the sequence length.
+
+Owns `tiled_attention(q, k, v, q_len, kv_len, g)`, when the packed forward uses it
+(`worth_tiling`) and the choice itself (`packed_sdpa`). Does not own the layout (`packed_forward.PackedBatch`: row r holds q_len[r]
+queries, the last ones of its kv_len[r] keys, query j at key position kv_len - q_len + j) or the
+block arithmetic shared with context parallelism (`context_parallel.blocks`).
+
+Why: SDPA on a CPU with the dense (R, 1, G Tq, Lk) mask the packed rows need materialises and
+keeps (R, Hkv, G Tq, Lk) fp32 scores a layer (with a float mask its math path runs, in fp32 too):
+two 4,096-token episodes held ~0.4 GB a layer, 11 GB over SmolLM2's 30 layers, activation
+checkpointing or not. Here a tile of `TILE` queries attends to the keys its last query can see
+(causality skips the rest: about half the score flops of the dense mask), the softmax is exact
+over that span (one pass, no online merge needed), and only q, k, v, the output and the
+log-sum-exp are kept: the backward recomputes each tile's probabilities from the log-sum-exp,
+as FlashAttention does.
+
+Numerics: matmuls in the inputs' dtype, softmax, log-sum-exp and the gradients' accumulation in
+fp32. fp32 equals SDPA with the packed mask to rounding (tests: 1e-5 on outputs and gradients);
+bf16 within bf16 rounding of the fp32 result.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+TILE = 256  # queries a tile: G * 256 * 4,096 fp32 scores a K/V head, ~12 MB for SmolLM2 at 4k
+DENSE_ELEMENTS = 1 << 27  # a dense mask above this many elements (512 MB fp32; SDPA reads it every layer) is tiled
+
+
+def worth_tiling(R: int, gtq: int, lk: int) -> bool:
+    """True when the dense mask of R attention rows of gtq (G * Tq) queries over lk keys, and
+    SDPA's scores, would be large enough that the tiles' recompute costs less than the memory."""
+    return R * gtq * lk > DENSE_ELEMENTS
+
+
+def packed_sdpa(qp, kp, vp, q_len: torch.Tensor, kv_len: torch.Tensor, g: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """Attention over the packed rows: SDPA with the dense mask, or with none (the caller found the
+    rows long: `worth_tiling`) a tile at a time. Shapes as `tiled_attention`."""
+    if mask is None:
+        return tiled_attention(qp, kp, vp, q_len, kv_len, g)
+    return F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
+
+
+def _query_positions(q_len: torch.Tensor, kv_len: torch.Tensor, tq: int) -> torch.Tensor:
+    """(R,), (R,) -> (R, Tq) key position of each query; a pad query (j >= q_len) sits past the
+    row's keys and sees them all (its output and gradient are never used)."""
+    return (kv_len - q_len)[:, None] + torch.arange(tq, device=q_len.device)[None, :]
+
+
+def _tiles(qpos: torch.Tensor, kv_len: torch.Tensor, lk: int):
+    """(start, end, key span, mask (R, 1, 1, t, span)) for each tile of queries: the span ends
+    after the last key any row's tile query can see."""
+    keys = torch.arange(lk, device=qpos.device)
+    for a in range(0, qpos.shape[1], TILE):
+        e = min(a + TILE, qpos.shape[1])
+        span = int(min(lk, qpos[:, e - 1].max().item() + 1))
+        k = keys[:span]
+        ok = (k[None, None, :] <= qpos[:, a:e, None]) & (k[None, None, :] < kv_len[:, None, None])
+        yield a, e, span, ok[:, None, None]
+
+
+def _probs(q, k, ok, lse, scale: float) -> torch.Tensor:
+    """q (R, Hkv, G, t, D), k (R, Hkv, S, D) -> fp32 scaled, masked scores (R, Hkv, G, t, S);
+    given lse (R, Hkv, G, t), the probabilities exp(scores - lse) instead (in place)."""
+    R, hkv, g, t, d = q.shape
+    s = (q.reshape(R, hkv, g * t, d) @ k.transpose(-1, -2)).view(R, hkv, g, t, -1).float()
+    s.mul_(scale).masked_fill_(~ok, float("-inf"))
+    if lse is not None:
+        s.sub_(lse[..., None]).exp_()
+    return s
+
+
+class _TiledAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, q_len, kv_len, scale: float):
+        R, hkv, g, tq, d = q.shape
+        qpos = _query_positions(q_len, kv_len, tq)
+        out = torch.empty_like(q)
+        lse = torch.empty((R, hkv, g, tq), dtype=torch.float32, device=q.device)
+        for a, e, span, ok in _tiles(qpos, kv_len, k.shape[2]):
+            s = _probs(q[..., a:e, :], k[:, :, :span], ok, None, scale)
+            m = torch.logsumexp(s, dim=-1)  # finite: every query sees key 0
+            lse[..., a:e] = m
+            p = s.sub_(m[..., None]).exp_().view(R, hkv, g * (e - a), span)
+            out[..., a:e, :] = (p.to(v.dtype) @ v[:, :, :span]).view(R, hkv, g, e - a, d)
+        ctx.save_for_backward(q, k, v, out, lse, q_len, kv_len)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, q_len, kv_len = ctx.saved_tensors
+        R, hkv, g, tq, d = q.shape
+        scale = ctx.scale
+        dout = dout.contiguous()
+        delta = (dout.float() * out.float()).sum(-1)  # (R, Hkv, G, Tq): the softmax backward's row term
+        dq = torch.empty_like(q)
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+        for a, e, span, ok in _tiles(_query_positions(q_len, kv_len, tq), kv_len, k.shape[2]):
+            t = e - a
+            qt, kt, vt = q[..., a:e, :], k[:, :, :span], v[:, :, :span]
+            p = _probs(qt, kt, ok, lse[..., a:e], scale).view(R, hkv, g * t, span)
+            do = dout[..., a:e, :].reshape(R, hkv, g * t, d)
+            dv[:, :, :span] += (p.to(v.dtype).transpose(-1, -2) @ do.to(v.dtype)).float()
+            dp = (do.to(v.dtype) @ vt.transpose(-1, -2)).float().view(R, hkv, g, t, span)
+            ds = p.view(dp.shape).mul_(dp.sub_(delta[..., a:e, None])).mul_(scale)  # d loss / d raw scores, in p's buffer
+            ds = ds.view(R, hkv, g * t, span).to(q.dtype)
+            dq[..., a:e, :] = (ds @ kt).view(R, hkv, g, t, d)
+            dk[:, :, :span] += (ds.transpose(-1, -2) @ qt.reshape(R, hkv, g * t, d)).float()
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: torch.Tensor, kv_len: torch.Tensor,
+                    g: int, scale: float | None = None) -> torch.Tensor:
+    """q (R, Hkv, G * Tq, D), the G query heads of a K/V head folded into the query length
+    (G blocks of Tq), k, v (R, Hkv, Lk, D), q_len, kv_len (R,) -> (R, Hkv, G * Tq, D): SDPA with
+    the packed rows' causal mask (`packed_forward._layout`), on the real queries."""
+    R, hkv, gtq, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = _TiledAttention.apply(q.reshape(R, hkv, g, gtq // g, d), k, v, q_len.to(q.device), kv_len.to(q.device), scale)
+    return out.view(R, hkv, gtq, d)
