@@ -33,6 +33,12 @@ bwrap:
 	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null)) \
 	      || echo "warning: could not install bubblewrap; the process fallback will be used"; \
 	  else echo "warning: bubblewrap missing (apt-get install bubblewrap); the process fallback will be used"; fi; }
+	@# jemalloc: the allocator longhaul's processes preload where installed (longhaul/malloc.py)
+	@ldconfig -p 2>/dev/null | grep -q libjemalloc.so.2 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -q libjemalloc2 >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q libjemalloc2 >/dev/null)) \
+	      || echo "warning: could not install libjemalloc2; training keeps glibc's malloc (more memory a long step)"; \
+	  else echo "warning: libjemalloc2 missing (apt-get install libjemalloc2); training keeps glibc's malloc"; fi; }
 	@# redis-server: the serving tests run the Redis Streams job broker against a real one (skipped without it)
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from longhaul.agent.single_turn import run_groups
-from longhaul.malloc import keep_freed_memory
+from longhaul.malloc import keep_freed_memory, reexec_with_preload
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.hardware import native_bf16
 from longhaul.inference import RolloutParams, make_engine, sync_weights
@@ -129,7 +129,8 @@ def trl(steps: int, anchors: Path, script: Path) -> list[float]:
 
 
 def main():
-    keep_freed_memory()  # as the `longhaul` command and its workers do
+    reexec_with_preload()  # the allocator the `longhaul` command and its workers use
+    keep_freed_memory()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--trl-script", required=True, help="the anchor's TRL GRPO script (trl_grpo_bench.py)")

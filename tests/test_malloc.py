@@ -1,5 +1,8 @@
-"""`longhaul.malloc.keep_freed_memory`: freed buffers stay mapped for reuse; the opt-out."""
+"""`longhaul.malloc`: freed buffers stay mapped for reuse (glibc kept, or jemalloc preloaded by the
+CLI), the opt-outs, and bounding the free heap."""
 
+import ctypes.util
+import os
 import subprocess
 import sys
 
@@ -41,3 +44,64 @@ def test_freed_buffers_stay_mapped_unless_opted_out(mode):
     else:
         # glibc unmapped the large buffers: they are gone, and touching new ones faults them in again
         assert kept == "False" and int(left) < 20 and int(faults) > 0.5 * (78 << 20) / 4096
+
+
+HAS_JEMALLOC = ctypes.util.find_library("jemalloc") is not None
+
+# freed buffers (200 MB) held, then bounded to 50 MB between steps: resident falls, and a second
+# call finds nothing left to hand back
+BOUND = r"""
+from longhaul import malloc
+malloc.keep_freed_memory()
+import torch
+def resident_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+bufs = [torch.ones(n << 18) for n in (40, 60, 100)]
+del bufs
+r0 = resident_mb()
+first = malloc.bound_free_heap(50 << 20) >> 20
+second = malloc.bound_free_heap(50 << 20) >> 20
+print(malloc.allocator().replace(" ", "_"), round(r0 - resident_mb()), first, second)
+"""
+
+
+def _child(code: str, mode: str, preload: bool = False) -> list[str]:
+    from longhaul.malloc import preload_env
+
+    env = {"PATH": "/usr/bin:/bin", "LONGHAUL_MALLOC": mode, "PYTHONPATH": ":".join(sys.path)}
+    if preload:
+        with pytest.MonkeyPatch.context() as mp:  # this test process runs with LONGHAUL_MALLOC=system (conftest)
+            mp.setenv("LONGHAUL_MALLOC", "keep")
+            extra = preload_env()
+        assert extra, "libjemalloc2 is installed, yet no preload"
+        env.update(extra)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim is Linux only")
+@pytest.mark.parametrize("preload", [False, pytest.param(True, marks=pytest.mark.skipif(not HAS_JEMALLOC, reason="libjemalloc2 not installed"))])
+def test_bound_free_heap_hands_back_once(preload):
+    name, fell, first, second = _child(BOUND, "keep", preload)
+    assert name == ("jemalloc" if preload else "glibc_(kept)")
+    assert int(fell) >= 120 and int(first) >= 120, (fell, first)  # most of the 200 MB went back
+    assert int(second) == 0  # what was handed back is not counted as resident free heap again
+
+
+@pytest.mark.skipif(not HAS_JEMALLOC, reason="libjemalloc2 not installed")
+def test_jemalloc_keeps_freed_buffers_mapped():
+    kept, grown, left, faults = _child(CHILD, "keep", preload=True)
+    assert kept == "False"  # glibc's settings untouched: jemalloc keeps memory by its own configuration
+    assert int(grown) >= 78 and int(left) >= 75 and int(faults) < 0.25 * (78 << 20) / 4096
+
+
+@pytest.mark.skipif(not HAS_JEMALLOC, reason="libjemalloc2 not installed")
+@pytest.mark.parametrize("mode,want", [("keep", "jemalloc"), ("glibc", "glibc (kept)"), ("system", "glibc")])
+def test_the_cli_starts_itself_with_the_allocator_asked_for(mode, want):
+    env = {**os.environ, "LONGHAUL_MALLOC": mode}
+    env.pop("LONGHAUL_MALLOC_PRELOADED", None)
+    env.pop("LD_PRELOAD", None)
+    out = subprocess.run([sys.executable, "-m", "longhaul.cli", "env"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"allocator: {want}" in out.stdout.splitlines(), out.stdout

@@ -460,8 +460,10 @@ def _exit_on_signals() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from longhaul.malloc import keep_freed_memory
+    from longhaul.malloc import keep_freed_memory, reexec_with_preload
 
+    if argv is None:
+        reexec_with_preload()  # jemalloc for this process and every one it starts, where installed
     keep_freed_memory()  # training steps reuse their freed buffers instead of page-faulting them in again
     from longhaul.cpus import apply_default_threads
 

@@ -11,6 +11,7 @@ import sys
 import torch
 
 import longhaul
+from longhaul.malloc import allocator
 
 
 def _version(mod: str) -> str:
@@ -46,4 +47,5 @@ def collect() -> dict:
         "bubblewrap": bwrap or "not found (apt-get install bubblewrap)",
         "cpu": f"{cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}",
         "gpu": gpu,
+        "allocator": allocator(),
     }

@@ -1,26 +1,31 @@
-"""The process's C allocator: keep freed buffers for reuse instead of handing them back to the OS.
+"""The process's C allocator: keep freed buffers for reuse instead of handing them back to the OS,
+without the heap growing past what a step needs.
 
-Owns one process-wide setting, `keep_freed_memory()`, that longhaul's own processes (the CLI,
-the runtime's rollout and trainer processes and actors, the benchmarks) call at start. Does
-not own torch's tensors or any cache of them.
+Owns which allocator longhaul's processes use and its process-wide settings: `preload_env()`
+and `reexec_with_preload()` (the CLI starts itself again with jemalloc preloaded, so every
+process it starts has it too), `keep_freed_memory()` (glibc's settings, which longhaul's own
+processes call at start), the heap's counters (`heap()`), and bounding the free heap between
+steps (`between_steps`) and, under glibc, between the layers of a long forward (`within_step`).
+Does not own torch's tensors or any cache of them.
 
 Why: a training step allocates and frees gigabytes of activations, gradients and logit chunks
 in buffers of 1 to 100 MB. glibc's malloc serves buffers that large with mmap and returns them
 with munmap, so every step page-faults its buffers in again, page by page. On the 2-core VM
 measured here a fault costs ~4 us a 4 KiB page (~1 ms a MB: zeroing the 113 MB embedding
-gradient took 106 ms). With mmap off (M_MMAP_MAX 0) and no trimming of the heap's top
-(M_TRIM_THRESHOLD -1), freed memory stays mapped and later steps reuse much of it: a GRPO step
-on SmolLM2-135M page-faulted 109-141 thousand times instead of 222-382 thousand, and its
-reference + update phases took 8% less on average (two runs each; this host's noise is of
-that order). Not all of it is reused: glibc's aligned allocations do not fit exactly into a
-freed chunk of the same size, so the heap also grows a little.
-
-Costs and limits: freed chunks that a later request does not fit stay mapped, so over steps of
-varying shapes (packed rows of other lengths, episodes of other turns) the free part of the heap
-grows; `bound_free_heap(limit)`, called between steps, hands the free pages back to the OS
-(`malloc_trim`) once they pass `limit`. Threads other than the main one allocate from their own
-arenas, where glibc still maps requests over 64 MiB. `LONGHAUL_MALLOC=system` keeps the C
-library's defaults; non-glibc systems keep theirs.
+gradient took 106 ms). Two ways to keep them:
+- jemalloc (Debian's libjemalloc2; `make setup` installs it), preloaded, with its decay off
+  (`JEMALLOC_CONF`): freed pages stay mapped, and its size-classed extents are reused across
+  layers and steps. A GRPO micro-batch of two 4,096-token episodes (SmolLM2, bf16, LoRA) peaked
+  at 2.7 GB in 54 s against glibc kept (below) 4.8-5.4 GB in 56 s, and glibc's defaults 4.0 GB
+  in 87 s (docs/results/training.md, "Memory of a long training step").
+- glibc with mmap off (M_MMAP_MAX 0) and no trimming of the heap's top (M_TRIM_THRESHOLD -1):
+  freed memory stays mapped and later steps reuse much of it, but not all: large buffers that
+  do not fit the holes earlier ones left go to the heap's top, so over the 30 layers of a long
+  forward the free heap grows by gigabytes. `within_step` bounds it between layers
+  (`malloc_trim` when the resident free heap passes the limit), for ~20% more step time there.
+`LONGHAUL_MALLOC=glibc` skips jemalloc; `LONGHAUL_MALLOC=system` keeps the C library's defaults
+too. Threads other than the main one allocate from their own arenas, where glibc still maps
+requests over 64 MiB. Non-glibc systems keep their allocator.
 """
 
 from __future__ import annotations
@@ -32,6 +37,58 @@ import sys
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameter numbers (malloc.h)
 _done: bool | None = None
+# freed pages stay mapped (no decay); buffers of every size share the arenas (no oversize arena,
+# which would hand large buffers back at once)
+JEMALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1"
+_JEMALLOC = "libjemalloc.so.2"
+_ALL_ARENAS = 4096  # MALLCTL_ARENAS_ALL
+_PRELOADED = "LONGHAUL_MALLOC_PRELOADED"  # set in the environment of a process started again with jemalloc
+
+
+def _mode() -> str:
+    return os.environ.get("LONGHAUL_MALLOC", "keep")
+
+
+def _mallctl():
+    """jemalloc's mallctl when jemalloc is this process's allocator, else None."""
+    try:
+        fn = ctypes.CDLL(None).mallctl
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def allocator() -> str:
+    """The C allocator in use: "jemalloc", "glibc (kept)", "glibc" (its defaults) or "system"."""
+    if _mallctl() is not None:
+        return "jemalloc"
+    if _libc() is not None and getattr(_libc(), "mallinfo2", None) is not None:
+        return "glibc (kept)" if _done else "glibc"
+    return "system"
+
+
+def preload_env() -> dict[str, str]:
+    """The environment that starts a process with jemalloc preloaded, or {} (jemalloc already
+    in use, not installed, not Linux, or LONGHAUL_MALLOC says otherwise)."""
+    if _mode() != "keep" or not sys.platform.startswith("linux") or os.environ.get(_PRELOADED) or _mallctl() is not None:
+        return {}
+    if ctypes.util.find_library("jemalloc") is None:
+        return {}
+    preload = " ".join(p for p in (os.environ.get("LD_PRELOAD", ""), _JEMALLOC) if p)
+    return {"LD_PRELOAD": preload, "MALLOC_CONF": os.environ.get("MALLOC_CONF", JEMALLOC_CONF), _PRELOADED: "1"}
+
+
+def reexec_with_preload() -> None:
+    """Replace this process by itself (the same interpreter and command line) with jemalloc
+    preloaded; returns only when there is nothing to do. Call first thing: nothing done before
+    survives."""
+    extra = preload_env()
+    if extra:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, **extra})
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -48,8 +105,20 @@ def _libc():
         return None
 
 
+def _jemalloc_stat(mallctl, name: str) -> int:
+    v, n = ctypes.c_size_t(0), ctypes.c_size_t(ctypes.sizeof(ctypes.c_size_t))
+    return v.value if mallctl(name.encode(), ctypes.byref(v), ctypes.byref(n), None, 0) == 0 else 0
+
+
 def heap() -> tuple[int, int] | None:
-    """(bytes in use, bytes held free) of glibc's malloc over all arenas; None elsewhere."""
+    """(bytes in use, bytes held free) of the C heap: glibc's malloc over all arenas, or
+    jemalloc's allocated and its resident pages less that; None elsewhere."""
+    mallctl = _mallctl()
+    if mallctl is not None:
+        epoch = ctypes.c_uint64(1)
+        mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.sizeof(epoch))  # refresh the statistics
+        used = _jemalloc_stat(mallctl, "stats.allocated")
+        return used, max(0, _jemalloc_stat(mallctl, "stats.resident") - used)
     libc = _libc()
     fn = getattr(libc, "mallinfo2", None)  # not glibc, or glibc before 2.33: None
     if fn is None:
@@ -65,13 +134,22 @@ def _resident() -> int:
 
 
 def bound_free_heap(limit: int) -> int:
-    """Between steps: when the heap holds more than `limit` bytes free, hand its free pages back
-    to the OS (glibc's `malloc_trim`). Returns the bytes resident memory fell by (0: nothing done)."""
+    """When the heap holds more than `limit` bytes free and resident, hand its free pages back to
+    the OS (glibc's `malloc_trim`). Returns the bytes resident memory fell by (0: nothing done).
+    Resident free heap is read as resident memory less the heap in use, an over-estimate by the
+    memory outside the heap (mapped files, Python's arenas): free chunks already handed back stay
+    in the allocator's free count, so that count alone would trim at every call after the first."""
     held = heap()
     if held is None or held[1] <= limit:
         return 0
     before = _resident()
-    _libc().malloc_trim(ctypes.c_size_t(0))
+    if before - held[0] <= limit:
+        return 0
+    mallctl = _mallctl()
+    if mallctl is not None:
+        mallctl(f"arena.{_ALL_ARENAS}.purge".encode(), None, None, None, 0)
+    else:
+        _libc().malloc_trim(ctypes.c_size_t(0))
     return max(0, before - _resident())
 
 
@@ -81,8 +159,8 @@ def keep_freed_memory() -> bool:
     if _done is not None:
         return _done
     _done = False
-    if os.environ.get("LONGHAUL_MALLOC", "keep") == "system" or not sys.platform.startswith("linux"):
-        return False
+    if _mode() == "system" or not sys.platform.startswith("linux") or _mallctl() is not None:
+        return False  # jemalloc keeps freed memory by its own configuration (`JEMALLOC_CONF`)
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
@@ -105,3 +183,11 @@ def between_steps() -> dict:
     is set; the metric to log (`memory/trimmed_gb`), or nothing."""
     limit = free_limit()
     return {} if limit is None else {"memory/trimmed_gb": bound_free_heap(limit) / 1e9}
+
+
+def within_step() -> int:
+    """What a long forward or backward calls between its layers: under kept glibc, bound the free
+    heap to `free_limit()` when one is set (jemalloc reuses its freed extents across layers).
+    Returns the bytes resident memory fell by."""
+    limit = free_limit()
+    return 0 if limit is None or not _done else bound_free_heap(limit)

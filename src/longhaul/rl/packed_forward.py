@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from longhaul.malloc import within_step
 from longhaul.models.lora import unwrap
 from longhaul.ops.linear import pack
 from longhaul.ops.rope import rotate_half
@@ -310,10 +311,18 @@ def hidden_states(model, b: PackedBatch, stored: list[list[torch.Tensor]] | None
     for i, layer in enumerate(base.layers):
         ys = [None] * 4 if stored is None else stored[i]  # qkv, o, gate_up, down
         if recompute:
-            h = checkpoint(_layer, h, layer, ys, b, cos, sin, (hq, hkv, d), kernels, masks, use_reentrant=False)
+            h = checkpoint(_bounded_layer, h, layer, ys, b, cos, sin, (hq, hkv, d), kernels, masks, use_reentrant=False)
         else:
             h = _layer(h, layer, ys, b, cos, sin, (hq, hkv, d), kernels, masks)
     return rms_norm(h, base.norm, kernels)
+
+
+def _bounded_layer(*args) -> torch.Tensor:
+    """`_layer`, run (and recomputed in the backward) with the free heap first bounded
+    (`malloc.within_step`): the layers' large transients do not all fit the holes earlier layers
+    left, so over 30 layers of long rows the kept heap would otherwise grow by gigabytes."""
+    within_step()
+    return _layer(*args)
 
 
 def _layer(h, layer, ys, b: PackedBatch, cos, sin, shape, kernels, masks: dict) -> torch.Tensor:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from longhaul.malloc import heap as malloc_heap
+from longhaul.malloc import allocator, heap as malloc_heap
 
 PARTS = ("weights", "gradients", "optimizer", "reference", "sampler", "kv_pool", "activations",
          "heap_other", "allocator_free", "files")
@@ -113,7 +113,7 @@ class Breakdown:
         """One line: each part that holds memory, then resident and peak."""
         held = [f"{k} {v / 1e9:.2f}" for k, v in self.parts.items() if v >= 5e6]
         return (f"memory (GB): {', '.join(held)}; resident {self.resident / 1e9:.2f} "
-                f"(unaccounted {self.unaccounted / 1e9:+.2f}), peak {self.peak / 1e9:.2f}")
+                f"(unaccounted {self.unaccounted / 1e9:+.2f}), peak {self.peak / 1e9:.2f}; allocator {allocator()}")
 
 
 def measure(policy=None, trainer=None, sampler=None) -> Breakdown:
