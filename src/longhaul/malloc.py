@@ -5,7 +5,8 @@ Owns which allocator longhaul's processes use and its process-wide settings: `pr
 and `reexec_with_preload()` (the CLI starts itself again with jemalloc preloaded, so every
 process it starts has it too), `keep_freed_memory()` (glibc's settings, which longhaul's own
 processes call at start), the heap's counters (`heap()`), and bounding the free heap between
-steps (`between_steps`) and, under glibc, between the layers of a long forward (`within_step`).
+steps (`between_steps`) and within one: between micro-batches and the layers of a long forward
+(`within_step`).
 Does not own torch's tensors or any cache of them.
 
 Why: a training step allocates and frees gigabytes of activations, gradients and logit chunks
@@ -186,8 +187,10 @@ def between_steps() -> dict:
 
 
 def within_step() -> int:
-    """What a long forward or backward calls between its layers: under kept glibc, bound the free
-    heap to `free_limit()` when one is set (jemalloc reuses its freed extents across layers).
+    """What a training step calls between its micro-batches, and a long forward or backward
+    between its layers: bound the free heap to `free_limit()` when one is set (a no-op while the
+    heap holds less). Micro-batches of growing lengths (a step's are sorted by length) each need
+    larger buffers than the ones before freed, so without it the kept heap grows over a step.
     Returns the bytes resident memory fell by."""
     limit = free_limit()
-    return 0 if limit is None or not _done else bound_free_heap(limit)
+    return 0 if limit is None else bound_free_heap(limit)

@@ -27,6 +27,7 @@ import torch
 
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.errors import LonghaulError
+from longhaul.malloc import within_step
 from longhaul.models.lora import unwrap
 from longhaul.rl.grpo import GRPOTrainer, padded_rows
 from longhaul.rl.logprobs import autocast_ctx, right_pad
@@ -165,6 +166,7 @@ class DistillTrainer(OptimizerState):
             div, lp_s, _ = self._chunk(batch[i:i + mb])
             loss = div.sum() / n_tok
             loss.backward()
+            within_step()  # bound the kept heap between micro-batches (`malloc.within_step`)
             total += loss.item()
             ce -= lp_s.sum().item()
         grad_norm = clip_and_step(self.student.parameters(), self.optimizer, self.scheduler, self.train_cfg.grad_clip, total)
@@ -247,6 +249,7 @@ class OnPolicyDistillTrainer(GRPOTrainer):
                 tok_loss = tok_loss + entropy_bonus(ent, self.algo.entropy_coef)
             loss = aggregate(tok_loss, mask, self.algo.aggregation, n_tok, n_seq, max_len)
             loss.backward()
+            within_step()  # bound the kept heap between micro-batches (`malloc.within_step`)
             sums["loss"] += loss.item()
             sums["rkl"] += rkl.sum().item()
             sums["entropy"] += (ent.detach() * mask).sum().item()

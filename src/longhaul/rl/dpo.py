@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from longhaul.malloc import within_step
 from longhaul.rl.data import encode_prompt_completion
 from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
 from longhaul.rl.registry import Registry
@@ -99,6 +100,7 @@ class DPOTrainer(OptimizerState):
             ref_c, ref_r = self._reference(chunk)
             loss = self.loss_fn(chosen, rejected, ref_c, ref_r, self.beta).sum() / n
             loss.backward()
+            within_step()  # bound the kept heap between micro-batches (`malloc.within_step`)
             total += loss.item()
             m = ((chosen - ref_c) - (rejected - ref_r)).detach()
             correct += int((m > 0).sum())

@@ -18,6 +18,7 @@ import time
 import torch
 
 from longhaul.config import AlgoConfig, TrainConfig
+from longhaul.malloc import within_step
 from longhaul.rl import packed_forward
 from longhaul.rl.advantages import ADVANTAGES
 from longhaul.rl.logprobs import (
@@ -273,6 +274,7 @@ class GRPOTrainer(OptimizerState):
                     sums["kl"] += (kl_tok.detach() * mask).sum().item()
                 loss = aggregate(tok_loss, mask, self.algo.aggregation, n_tok, n_seq, max_len)
                 loss.backward()
+                within_step()  # bound the kept heap between micro-batches (`malloc.within_step`)
                 sums["loss"] += loss.item()
                 sums["entropy"] += ent.sum().item()
                 sums["low"] += (clip["low"] * mask).sum().item()

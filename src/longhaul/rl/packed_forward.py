@@ -26,10 +26,11 @@ A batch may also be one rank's shard of a row split over a context-parallel grou
 group, which replaces the attention rows; the rest of the forward runs on the local rows as ever.
 
 A differentiable forward of more than `CHECKPOINT_ROWS` flat rows keeps only each layer's input
-and recomputes the layer in the backward (activation checkpointing): a multi-turn episode of
-4,096 tokens holds about a megabyte of activations a token over SmolLM2's 30 layers, so a
-micro-batch of two would hold ~8 GB, against ~0.6 GB of layer inputs and one layer's worth here,
-for one more forward of the layers.
+and recomputes the layer in the backward (activation checkpointing): SmolLM2's 30 layers hold
+about a megabyte of activations a token (bf16 autocast and LoRA add copies), so a GRPO
+micro-batch of two 2,000-token episodes would hold ~4 GB, against ~0.3 GB of layer inputs and
+one layer's worth here, for one more forward of the layers (~6% of a GRPO step's training
+micro-batches, measured). Attention over long rows runs in tiles (`tiled_attention`).
 
 Numerics: the same operations as HF's eager/SDPA Llama (RMSNorm in fp32 by `F.rms_norm`, or in
 fp32 on CPU by the native kernels' forward and backward, equal to rounding; HF's
@@ -54,7 +55,7 @@ from longhaul.rl.packed_native import NativeSwiGLU, kernels_for, native_attentio
 from longhaul.rl.tiled_attention import packed_sdpa, worth_tiling
 
 SUPPORTED = ("llama", "qwen2")
-CHECKPOINT_ROWS = 4096  # a differentiable forward of more flat rows than this recomputes each layer in backward
+CHECKPOINT_ROWS = 1024  # a differentiable forward of more flat rows than this recomputes each layer in backward
 
 
 @dataclass

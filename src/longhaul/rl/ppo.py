@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from longhaul.config import AlgoConfig, TrainConfig
+from longhaul.malloc import within_step
 from longhaul.models.lora import is_lora
 from longhaul.rl.advantages import gae
 from longhaul.rl.grpo import padded_rows, frozen_copy
@@ -242,6 +243,7 @@ class PPOTrainer:
             old_v, ret = exp.values[c, :T], exp.returns[c, :T]
             vl = aggregate(clipped_value_loss(v, old_v, ret, mask, a.value_clip), mask, a.aggregation, n_tok, n_seq, max_len)
             (a.vf_coef * vl).backward()
+            within_step()  # bound the kept heap between micro-batches (`malloc.within_step`)
             value_loss += vl.item()
             with torch.no_grad():  # verl's vf_clipfrac: tokens where the clipped branch is the larger loss
                 v_clip = old_v + (v - old_v).clamp(-a.value_clip, a.value_clip)

@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from longhaul.errors import LonghaulError
+from longhaul.malloc import within_step
 from longhaul.models import load_policy
 from longhaul.models.lora import merged_from_checkpoint, unwrap
 from longhaul.rl.data import encode_prompt_completion
@@ -59,6 +60,7 @@ class RewardTrainer(OptimizerState):
             rc, rr = self.rm([c for c, _ in chunk], ac), self.rm([r for _, r in chunk], ac)
             loss = bradley_terry_loss(rc, rr).sum() / n
             loss.backward()
+            within_step()  # bound the kept heap between micro-batches (`malloc.within_step`)
             total += loss.item()
             correct += int((rc > rr).sum())
             margin += (rc - rr).sum().item()

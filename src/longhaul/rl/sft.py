@@ -25,6 +25,7 @@ import math
 import torch
 
 from longhaul.errors import LonghaulError
+from longhaul.malloc import within_step
 from longhaul.rl import logprobs, packed_forward
 from longhaul.rl.logprobs import autocast_ctx, right_pad
 from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
@@ -137,6 +138,7 @@ class SFTTrainer(OptimizerState):
         for logp, mask in self._chunks(rows):
             loss = -(logp * mask).sum() / n_tok
             loss.backward()
+            within_step()  # bound the kept heap between micro-batches (`malloc.within_step`)
             total += loss.item()
         if self.context is not None:
             self.context.reduce_gradients(self.model.parameters())
