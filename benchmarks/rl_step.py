@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from longhaul.agent.single_turn import run_groups
-from longhaul.malloc import keep_freed_memory, reexec_with_preload
+from longhaul.malloc import foreign_env, keep_freed_memory, reexec_with_preload
 from longhaul.config import AlgoConfig, TrainConfig
 from longhaul.hardware import native_bf16
 from longhaul.inference import RolloutParams, make_engine, sync_weights
@@ -120,7 +120,8 @@ def trl(steps: int, anchors: Path, script: Path) -> list[float]:
         raise SystemExit(f"anchor environment missing under {anchors}; build it (without vLLM) or pass --anchors")
     if not script.is_file():
         raise SystemExit(f"TRL script {script} is missing; pass the anchor's trl_grpo_bench.py as --trl-script")
-    out = subprocess.run([str(py), str(script), str(model_dir), str(steps)], capture_output=True, text=True)
+    out = subprocess.run([str(py), str(script), str(model_dir), str(steps)], capture_output=True, text=True,
+                         env=foreign_env())  # TRL with its own allocator, not the one this process preloaded
     times = [float(m.group(1)) for m in re.finditer(r"^step \d+ ([\d.]+)s", out.stdout, re.M)]
     if not times:
         raise SystemExit(f"TRL run printed no step times:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")

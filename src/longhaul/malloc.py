@@ -16,14 +16,15 @@ measured here a fault costs ~4 us a 4 KiB page (~1 ms a MB: zeroing the 113 MB e
 gradient took 106 ms). Two ways to keep them:
 - jemalloc (Debian's libjemalloc2; `make setup` installs it), preloaded, with its decay off
   (`JEMALLOC_CONF`): freed pages stay mapped, and its size-classed extents are reused across
-  layers and steps. A GRPO micro-batch of two 4,096-token episodes (SmolLM2, bf16, LoRA) peaked
-  at 2.7 GB in 54 s against glibc kept (below) 4.8-5.4 GB in 56 s, and glibc's defaults 4.0 GB
-  in 87 s (docs/results/training.md, "Memory of a long training step").
+  layers and steps. A GRPO micro-batch of two 4,000-token episodes (SmolLM2 + LoRA, bf16) peaked
+  at 2.75 GB in 38.8 s, against glibc kept (below) 4.40 GB in 46.5 s, and 2.42 GB in 65.0 s with
+  every buffer over 1 MB mapped and unmapped on its own (benchmarks/step_memory.py;
+  docs/results/training.md, "Memory of a long training step").
 - glibc with mmap off (M_MMAP_MAX 0) and no trimming of the heap's top (M_TRIM_THRESHOLD -1):
   freed memory stays mapped and later steps reuse much of it, but not all: large buffers that
   do not fit the holes earlier ones left go to the heap's top, so over the 30 layers of a long
-  forward the free heap grows by gigabytes. `within_step` bounds it between layers
-  (`malloc_trim` when the resident free heap passes the limit), for ~20% more step time there.
+  forward the free heap grows by gigabytes. With `LONGHAUL_MALLOC_FREE_GB` set (the pipeline's
+  stages set 2), `within_step` bounds it between micro-batches and layers (3.56 GB in 46.9 s).
 `LONGHAUL_MALLOC=glibc` skips jemalloc; `LONGHAUL_MALLOC=system` keeps the C library's defaults
 too. Threads other than the main one allocate from their own arenas, where glibc still maps
 requests over 64 MiB. Non-glibc systems keep their allocator.
@@ -50,15 +51,20 @@ def _mode() -> str:
     return os.environ.get("LONGHAUL_MALLOC", "keep")
 
 
+_mallctl_fn: list = []  # [mallctl or None], looked up once: the allocator cannot change after start
+
+
 def _mallctl():
     """jemalloc's mallctl when jemalloc is this process's allocator, else None."""
-    try:
-        fn = ctypes.CDLL(None).mallctl
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    return fn
+    if not _mallctl_fn:
+        try:
+            fn = ctypes.CDLL(None).mallctl
+            fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p, ctypes.c_size_t]
+            fn.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _mallctl_fn.append(fn)
+    return _mallctl_fn[0]
 
 
 def allocator() -> str:
@@ -75,10 +81,22 @@ def preload_env() -> dict[str, str]:
     in use, not installed, not Linux, or LONGHAUL_MALLOC says otherwise)."""
     if _mode() != "keep" or not sys.platform.startswith("linux") or os.environ.get(_PRELOADED) or _mallctl() is not None:
         return {}
-    if ctypes.util.find_library("jemalloc") is None:
+    if ctypes.util.find_library("jemalloc") != _JEMALLOC:  # another major version, or only the -dev link
         return {}
     preload = " ".join(p for p in (os.environ.get("LD_PRELOAD", ""), _JEMALLOC) if p)
     return {"LD_PRELOAD": preload, "MALLOC_CONF": os.environ.get("MALLOC_CONF", JEMALLOC_CONF), _PRELOADED: "1"}
+
+
+def foreign_env(env: dict | None = None) -> dict:
+    """`env` (default: this process's) without the jemalloc preload and settings this module
+    added: for programs that are not longhaul (the anchors a benchmark compares against)."""
+    env = dict(os.environ if env is None else env)
+    if env.pop(_PRELOADED, None) is not None:
+        rest = " ".join(p for p in env.get("LD_PRELOAD", "").split() if p != _JEMALLOC)
+        env.pop("LD_PRELOAD") if not rest else env.update(LD_PRELOAD=rest)
+        if env.get("MALLOC_CONF") == JEMALLOC_CONF:
+            env.pop("MALLOC_CONF")
+    return env
 
 
 def reexec_with_preload() -> None:
@@ -130,16 +148,21 @@ def heap() -> tuple[int, int] | None:
 
 
 def _resident() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    """Anonymous resident memory (the heap's pages among it; not mapped files), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def bound_free_heap(limit: int) -> int:
     """When the heap holds more than `limit` bytes free and resident, hand its free pages back to
-    the OS (glibc's `malloc_trim`). Returns the bytes resident memory fell by (0: nothing done).
-    Resident free heap is read as resident memory less the heap in use, an over-estimate by the
-    memory outside the heap (mapped files, Python's arenas): free chunks already handed back stay
-    in the allocator's free count, so that count alone would trim at every call after the first."""
+    the OS (glibc's `malloc_trim`, jemalloc's purge of every arena). Returns the bytes anonymous
+    resident memory fell by (0: nothing done). Resident free heap is read as anonymous resident
+    memory less the heap in use, an over-estimate by what sits outside the heap (Python's object
+    arenas, thread stacks): free chunks already handed back stay in glibc's free count, so that
+    count alone would trim at every call after the first."""
     held = heap()
     if held is None or held[1] <= limit:
         return 0
@@ -191,6 +214,7 @@ def within_step() -> int:
     between its layers: bound the free heap to `free_limit()` when one is set (a no-op while the
     heap holds less). Micro-batches of growing lengths (a step's are sorted by length) each need
     larger buffers than the ones before freed, so without it the kept heap grows over a step.
-    Returns the bytes resident memory fell by."""
+    Nothing unless `LONGHAUL_MALLOC_FREE_GB` is set (the pipeline's stages set it). Returns the
+    bytes resident memory fell by."""
     limit = free_limit()
     return 0 if limit is None else bound_free_heap(limit)

@@ -80,3 +80,22 @@ def test_packed_logprobs_with_tiles_equal_the_dense_path(monkeypatch):
     for n, gr in dense[1].items():
         rel = ((gr - tiled[1][n]).norm() / gr.norm().clamp(min=1e-12)).item()
         assert rel < 1e-4, f"{n}: relative grad error {rel}"
+
+
+def test_under_autocast_mixed_inputs_attend_in_the_autocast_dtype():
+    """Under bf16 autocast RoPE hands over fp32 q, k beside a bf16 v: all three attend in bf16,
+    forward and the recomputing backward alike, within bf16 rounding of fp64."""
+    b = packed_forward.pack_pairs(PAIRS, 0)
+    g = 3
+    q, k, v, go, real = _inputs(b, 2, g, 16, torch.float64)
+    ref = F.scaled_dot_product_attention(*(t.requires_grad_() for t in (q, k, v)), attn_mask=packed_forward._dense_mask(b, g, torch.float64))
+    want = torch.autograd.grad((ref * go * real).sum(), (q, k, v))
+    q_, k_, v_ = q.detach().float().requires_grad_(), k.detach().float().requires_grad_(), v.detach().bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = tiled_attention.tiled_attention(q_, k_, v_, b.q_len, b.kv_len, g)
+    assert out.dtype == torch.bfloat16
+    got = torch.autograd.grad((out.double() * go * real).sum(), (q_, k_, v_))
+    assert ((out.double() - ref.detach()) * real).abs().max().item() < 0.06
+    for name, a, w in zip("qkv", got, want):
+        e = (a.double() - w).abs().max().item() / max(1.0, w.abs().max().item())
+        assert e < 0.06, f"d{name} differs by {e} (relative to its largest entry)"

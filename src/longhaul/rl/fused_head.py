@@ -7,7 +7,8 @@ softmax and softmax * logits alive as separate (M, V) fp32 tensors, and autograd
 zeros-and-scatter for the gather and an exp for the logsumexp backward: at V = 49,152 that is
 ~200 MB a tensor for ~1,000 tokens, each pass memory-bound. Here, the forward computes the logits
 chunk by chunk into one (M, V) buffer that becomes the softmax p in place (a chunk stays in cache
-for its logsumexp), which is all the backward needs, as two GEMMs:
+for its logsumexp), which is all the backward needs, as two GEMMs (past `KEEP_BYTES` the
+backward recomputes it a chunk at a time instead):
 
     d logp_t / d z = onehot(target) - p,  z = logits / T
     grad_logits = g * (onehot - p) / T;  grad_h = grad_logits @ W;  grad_W = grad_logits^T @ h
@@ -27,7 +28,7 @@ from longhaul.ops.kernels import native
 
 CHUNK = 256  # rows a chunk: a (256, 49152) fp32 block is 48 MB, the size of a large L3
 KEEP_BYTES = 512 << 20  # a softmax (M, V) fp32 larger than this is recomputed in the backward, not kept
-BACKWARD_CHUNK = 1024  # rows a recomputed chunk: ~200 MB at V = 49,152, few passes over grad_W
+BACKWARD_CHUNK = 1024  # rows a recomputed chunk: 200 MB of fp32 softmax at V = 49,152 (~400 MB with bf16 copies)
 
 
 def _mm_dtype() -> torch.dtype | None:

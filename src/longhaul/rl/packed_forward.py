@@ -320,8 +320,9 @@ def hidden_states(model, b: PackedBatch, stored: list[list[torch.Tensor]] | None
 
 def _bounded_layer(*args) -> torch.Tensor:
     """`_layer`, run (and recomputed in the backward) with the free heap first bounded
-    (`malloc.within_step`): the layers' large transients do not all fit the holes earlier layers
-    left, so over 30 layers of long rows the kept heap would otherwise grow by gigabytes."""
+    (`malloc.within_step`, where a limit is set): under glibc the layers' large transients do not
+    all fit the holes earlier layers left, so over 30 layers of long rows the kept heap would
+    otherwise grow by gigabytes."""
     within_step()
     return _layer(*args)
 

@@ -2,22 +2,24 @@
 with a backward that recomputes the probabilities: memory linear in the sequence length.
 
 Owns `tiled_attention(q, k, v, q_len, kv_len, g)`, when the packed forward uses it
-(`worth_tiling`) and the choice itself (`packed_sdpa`). Does not own the layout (`packed_forward.PackedBatch`: row r holds q_len[r]
-queries, the last ones of its kv_len[r] keys, query j at key position kv_len - q_len + j) or the
-block arithmetic shared with context parallelism (`context_parallel.blocks`).
+(`worth_tiling`) and the choice itself (`packed_sdpa`). Does not own the layout
+(`packed_forward.PackedBatch`: row r holds q_len[r] queries, the last ones of its kv_len[r] keys,
+query j at key position kv_len - q_len + j) or the block arithmetic shared with context
+parallelism (`context_parallel.blocks`).
 
-Why: SDPA on a CPU with the dense (R, 1, G Tq, Lk) mask the packed rows need materialises and
-keeps (R, Hkv, G Tq, Lk) fp32 scores a layer (with a float mask its math path runs, in fp32 too):
-two 4,096-token episodes held ~0.4 GB a layer, 11 GB over SmolLM2's 30 layers, activation
-checkpointing or not. Here a tile of `TILE` queries attends to the keys its last query can see
-(causality skips the rest: about half the score flops of the dense mask), the softmax is exact
-over that span (one pass, no online merge needed), and only q, k, v, the output and the
-log-sum-exp are kept: the backward recomputes each tile's probabilities from the log-sum-exp,
-as FlashAttention does.
+Why: SDPA over the packed rows needs their dense (R, 1, G Tq, Lk) mask, quadratic in the row
+length: 0.4 GB fp32 for two 4,096-token rows, 48 GB for one of 65,536 tokens. Past
+`DENSE_ELEMENTS` mask elements (a single row of ~6,700 tokens for SmolLM2's G = 3), a tile of
+`TILE` queries attends to the keys its last real query can see (causality skips the rest: about
+half the score flops of the dense mask), the softmax is exact over that span (one pass, no
+online merge needed), and only q, k, v, the output and the log-sum-exp are kept: the backward
+recomputes each tile's probabilities from the log-sum-exp, as FlashAttention does. Below the
+threshold SDPA stays: its fused CPU kernel is as fast or faster there (docs/results/training.md).
 
-Numerics: matmuls in the inputs' dtype, softmax, log-sum-exp and the gradients' accumulation in
-fp32. fp32 equals SDPA with the packed mask to rounding (tests: 1e-5 on outputs and gradients);
-bf16 within bf16 rounding of the fp32 result.
+Numerics: matmuls in the inputs' dtype (under autocast, q, k and v in the autocast dtype, the
+function itself run outside autocast so that the backward recomputes exactly the forward's
+scores), softmax, log-sum-exp and the gradients' accumulation in fp32. fp32 equals SDPA with the
+packed mask to rounding (tests: 1e-5 on outputs and gradients); bf16 within bf16 rounding.
 """
 
 from __future__ import annotations
@@ -53,11 +55,11 @@ def _query_positions(q_len: torch.Tensor, kv_len: torch.Tensor, tq: int) -> torc
 
 def _tiles(qpos: torch.Tensor, kv_len: torch.Tensor, lk: int):
     """(start, end, key span, mask (R, 1, 1, t, span)) for each tile of queries: the span ends
-    after the last key any row's tile query can see."""
+    after the last key any row's tile query can see (a pad query counts as its row's last)."""
     keys = torch.arange(lk, device=qpos.device)
     for a in range(0, qpos.shape[1], TILE):
         e = min(a + TILE, qpos.shape[1])
-        span = int(min(lk, qpos[:, e - 1].max().item() + 1))
+        span = int(min(lk, torch.minimum(qpos[:, e - 1], kv_len - 1).max().item() + 1))
         k = keys[:span]
         ok = (k[None, None, :] <= qpos[:, a:e, None]) & (k[None, None, :] < kv_len[:, None, None])
         yield a, e, span, ok[:, None, None]
@@ -122,5 +124,8 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: to
     the packed rows' causal mask (`packed_forward._layout`), on the real queries."""
     R, hkv, gtq, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    out = _TiledAttention.apply(q.reshape(R, hkv, g, gtq // g, d), k, v, q_len.to(q.device), kv_len.to(q.device), scale)
+    dt = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.promote_types(q.dtype, v.dtype)
+    q, k, v = (t.to(dt) for t in (q, k, v))  # under autocast RoPE hands over fp32 q, k beside a bf16 v
+    with torch.autocast("cpu", enabled=False):
+        out = _TiledAttention.apply(q.reshape(R, hkv, g, gtq // g, d), k, v, q_len.to(q.device), kv_len.to(q.device), scale)
     return out.view(R, hkv, gtq, d)

@@ -1,7 +1,7 @@
 """Where a training process's resident memory goes, measured: `Breakdown`.
 
 Owns the accounting, not the memory: it reads tensors the trainer and the sampler already hold,
-the C allocator's own counters (glibc's `mallinfo2`) and the kernel's (`/proc/self/status`).
+the C allocator's own counters (glibc's `mallinfo2`, jemalloc's statistics) and the kernel's (`/proc/self/status`).
 
 Parts, each counted once (a storage shared by two holders goes to the first in this order):
 - weights: the policy's parameters and buffers;
