@@ -80,9 +80,9 @@ def _child(code: str, mode: str, preload: bool = False) -> list[str]:
         with pytest.MonkeyPatch.context() as mp:  # this test process runs with LONGHAUL_MALLOC=system (conftest)
             mp.setenv("LONGHAUL_MALLOC", "keep")
             mp.delenv("LONGHAUL_MALLOC_PRELOADED", raising=False)
-            extra = preload_env()
-        if not extra:
-            pytest.skip("this test process already runs under jemalloc")
+            # under a test process that itself runs with the preload, the child inherits the same
+            extra = preload_env() or {k: os.environ[k] for k in ("LD_PRELOAD", "MALLOC_CONF") if k in os.environ}
+        assert extra, "libjemalloc2 is installed, yet no preload"
         env.update(extra)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr

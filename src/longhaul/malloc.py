@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 
@@ -71,7 +72,7 @@ def allocator() -> str:
     """The C allocator in use: "jemalloc", "glibc (kept)", "glibc" (its defaults) or "system"."""
     if _mallctl() is not None:
         return "jemalloc"
-    if _libc() is not None and getattr(_libc(), "mallinfo2", None) is not None:
+    if getattr(_libc(), "mallinfo2", None) is not None:
         return "glibc (kept)" if _done else "glibc"
     return "system"
 
@@ -115,7 +116,9 @@ class _Mallinfo2(ctypes.Structure):
                                                  "uordblks", "fordblks", "keepcost")]
 
 
+@functools.cache
 def _libc():
+    """The C library, loaded once (finding it runs ldconfig; `within_step` reads the heap every layer)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -185,10 +188,8 @@ def keep_freed_memory() -> bool:
     _done = False
     if _mode() == "system" or not sys.platform.startswith("linux") or _mallctl() is not None:
         return False  # jemalloc keeps freed memory by its own configuration (`JEMALLOC_CONF`)
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and other C libraries without mallopt keep their defaults
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:  # musl and other C libraries without mallopt keep their defaults
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # mallopt returns 1 on success; a trim threshold of -1 turns trimming off (mallopt(3))
