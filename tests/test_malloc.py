@@ -126,3 +126,21 @@ def test_foreign_env_drops_only_what_the_preload_added():
     assert foreign_env(ours) == {"LD_PRELOAD": "libfoo.so", "X": "1"}
     theirs = {"LD_PRELOAD": "libjemalloc.so.2", "MALLOC_CONF": "narenas:2"}  # the user's own, not added by longhaul
     assert foreign_env(theirs) == theirs
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise is Linux only")
+def test_discard_hands_whole_pages_back_and_they_read_as_zeros():
+    import torch
+
+    from longhaul.malloc import _resident, discard
+
+    buf = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MB, resident
+    page = os.sysconf("SC_PAGE_SIZE")
+    before = _resident()
+    lo, hi = discard(buf.data_ptr(), buf.numel())
+    assert 0 <= lo < page and buf.numel() - page < hi <= buf.numel() and (buf.data_ptr() + lo) % page == 0
+    assert before - _resident() >= 0.9 * (hi - lo)
+    assert not buf[lo:hi].any() and bool(buf[:lo].all()) and bool(buf[hi:].all())  # partly covered pages keep theirs
+    buf.fill_(2)  # the allocation is still there: it pages back in on write
+    assert bool((buf == 2).all())
+    assert discard(buf.data_ptr() + 1, page - 2) == (0, 0)  # no whole page inside

@@ -4,9 +4,9 @@ without the heap growing past what a step needs.
 Owns which allocator longhaul's processes use and its process-wide settings: `preload_env()`
 and `reexec_with_preload()` (the CLI starts itself again with jemalloc preloaded, so every
 process it starts has it too), `keep_freed_memory()` (glibc's settings, which longhaul's own
-processes call at start), the heap's counters (`heap()`), and bounding the free heap between
+processes call at start), the heap's counters (`heap()`), bounding the free heap between
 steps (`between_steps`) and within one: between micro-batches and the layers of a long forward
-(`within_step`).
+(`within_step`), and handing an idle buffer's pages back while keeping it (`discard`).
 Does not own torch's tensors or any cache of them.
 
 Why: a training step allocates and frees gigabytes of activations, gradients and logit chunks
@@ -178,6 +178,48 @@ def bound_free_heap(limit: int) -> int:
     else:
         _libc().malloc_trim(ctypes.c_size_t(0))
     return max(0, before - _resident())
+
+
+_MADV_DONTNEED = 4  # madvise(2)
+
+
+def discard(address: int, nbytes: int) -> tuple[int, int]:
+    """Hand the memory pages wholly inside [address, address + nbytes) back to the kernel
+    (madvise MADV_DONTNEED) while the allocation stays: the next touch of a page maps a fresh
+    one, which reads as zeros in private anonymous memory (every heap allocation; shared and
+    file-backed memory read back their content instead). For buffers kept allocated whose
+    content no longer matters, such as an idle engine's KV pool. Returns (lo, hi), the offsets
+    from `address` of the bytes discarded: the partly covered pages at either end keep theirs.
+    (0, 0) when nothing was: off Linux, or a range within one page."""
+    libc = _libc()
+    madvise = getattr(libc, "madvise", None)
+    page = os.sysconf("SC_PAGE_SIZE") if madvise is not None else 1
+    start = -(-address // page) * page
+    end = (address + nbytes) // page * page
+    if madvise is None or end <= start:
+        return 0, 0
+    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    if madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED) != 0:
+        return 0, 0
+    return start - address, end - address
+
+
+def resident_bytes(address: int, nbytes: int) -> int:
+    """Bytes of the pages touching [address, address + nbytes) that are resident now (mincore):
+    a buffer whose pages were discarded (`discard`) counts only what was written since.
+    `nbytes` off Linux."""
+    libc = _libc()
+    mincore = getattr(libc, "mincore", None)
+    if mincore is None or nbytes <= 0:
+        return max(0, nbytes)
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = address // page * page
+    pages = -(-(address + nbytes - start) // page)
+    vec = (ctypes.c_ubyte * pages)()
+    mincore.argtypes, mincore.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int
+    if mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * page), vec) != 0:
+        return nbytes
+    return min(nbytes, sum(b & 1 for b in bytes(vec)) * page)
 
 
 def keep_freed_memory() -> bool:

@@ -126,6 +126,42 @@ def test_preemption_with_a_tiny_pool_gives_identical_outputs(tiny):
     assert eng.stats()["kv_cache_usage_perc"] == 0.0
 
 
+@pytest.mark.parametrize("kv", [{}, {"kv_cache_dtype": "int8"}])
+def test_sleep_hands_the_pool_back_and_later_requests_are_unchanged(tiny, kv):
+    from longhaul.malloc import _resident
+
+    model, tok, prompts = tiny
+    eng = LLMEngine(model, tokenizer=tok, num_kv_blocks=8192, block_size=16, **kv)
+    pool = sum(t.untyped_storage().nbytes() for t in eng.kv.storage())
+    p = prompts[1]
+    first = eng.generate([p], greedy(16))[0].token_ids
+    assert eng.generate([p], greedy(16))[0].token_ids == first
+    hits = eng.stats()["prefix_cache_hits"]
+    assert hits > 0  # the second request reused the first one's blocks
+    resident = _resident()
+    freed = eng.sleep()
+    fell = resident - _resident()
+    assert freed >= 0.99 * pool and fell >= 0.8 * freed, (pool, freed, fell)
+    assert not any(t.any() for t in eng.kv.storage())
+    # the pool pages back in as it is written; the prefix cache was dropped with its content
+    assert eng.generate([p], greedy(16))[0].token_ids == first
+    assert eng.stats()["prefix_cache_hits"] == hits
+    assert [o.token_ids for o in eng.generate(prompts, greedy(8))] == \
+        [o.token_ids for o in LLMEngine(model, tokenizer=tok, num_kv_blocks=256, **kv).generate(prompts, greedy(8))]
+
+
+def test_an_engine_with_requests_in_flight_refuses_to_sleep(tiny):
+    model, tok, prompts = tiny
+    eng = LLMEngine(model, tokenizer=tok, num_kv_blocks=64)
+    eng.add_request("a", prompts[0], greedy(8))
+    eng.step()
+    with pytest.raises(LonghaulError, match="1 requests in flight and cannot sleep"):
+        eng.sleep()
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert eng.sleep() > 0
+
+
 def test_a_request_that_can_never_fit_is_refused(tiny):
     model, tok, prompts = tiny
     eng = LLMEngine(model, tokenizer=tok, num_kv_blocks=4, block_size=4)

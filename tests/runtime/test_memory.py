@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from longhaul.inference import make_engine
+from longhaul.inference.sampling import SamplingParams
 from longhaul.models import load_policy
 from longhaul.ops.linear import pack
 from longhaul.rl.grpo import frozen_copy
@@ -99,3 +100,18 @@ def test_free_limit_reads_its_variable(monkeypatch):
     assert free_limit() is None
     monkeypatch.setenv("LONGHAUL_MALLOC_FREE_GB", "1.5")
     assert free_limit() == 1_500_000_000
+
+
+def test_a_sleeping_engine_s_pool_counts_only_its_pages_in_memory():
+    policy, tok = load_policy("tiny-llama")
+    engine = make_engine(policy, tok, "float32", max_model_len=256, num_kv_blocks=8192)
+    engine.generate([tok.encode("hello there")], SamplingParams(max_tokens=4))
+    awake = measure(policy, None, engine)
+    pool = engine.kv.nbytes()
+    assert awake.parts["kv_pool"] == pool > 50e6
+    engine.sleep()
+    asleep = measure(policy, None, engine)
+    assert asleep.parts["kv_pool"] < 0.01 * pool
+    # the pool's discarded pages leave the resident figure, not moved to another part
+    assert abs(asleep.unaccounted - awake.unaccounted) < 0.1 * pool, (awake.table(), asleep.table())
+    assert awake.resident - asleep.resident > 0.8 * pool

@@ -279,6 +279,23 @@ class LLMEngine:
                 self._loop = EngineLoop(self, idle_exit_s=1.0)
             return self._loop
 
+    def sleep(self) -> int:
+        """Give the KV pool's memory back while the engine idles (vLLM's sleep, level 1): its
+        pages return to the OS and the prefix cache is dropped, but the pool stays allocated and
+        pages back in, zero-filled, as later requests write it; nothing to wake. For a process
+        that trains between rollouts on the same memory: a trainer's step and an idle 1 GB pool
+        need not be resident at once. Requests in the engine: an error. Returns the bytes handed
+        back."""
+        with self._step_lock:
+            live = len(self.scheduler.running) + len(self.scheduler.waiting)
+            if live:
+                raise LonghaulError(f"the engine has {live} requests in flight and cannot sleep; finish or abort them first")
+            self.block_manager.flush()
+            freed = self.kv.discard()
+            if self.spec is not None and self.spec.draft is not None:
+                freed += self.spec.draft.kv.discard()
+            return freed
+
     def flush_prefix_cache(self) -> None:
         with self._step_lock:
             self.block_manager.flush()

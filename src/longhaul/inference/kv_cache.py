@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from longhaul.malloc import discard
+
 
 class KVCache:
     """Keys and values of `num_layers` layers in `num_blocks` blocks of `block_size` tokens.
@@ -63,3 +65,25 @@ class KVCache:
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
+
+    def storage(self) -> list[torch.Tensor]:
+        """The tensors that hold keys and values (not the bookkeeping of which block is where)."""
+        return [self.k, self.v]
+
+    def discard(self) -> int:
+        """Hand the pool's memory pages back to the OS while it stays allocated (`malloc.discard`):
+        for an engine with no sequences, whose blocks' content no longer matters. The pages
+        fault back in, zero-filled, as the next sequences write them; the few bytes on pages
+        shared with other allocations are zeroed here, so unwritten slots stay zeros. Returns
+        the bytes handed back."""
+        freed = 0
+        for t in self.storage():
+            if t.device.type != "cpu" or not t.numel():
+                continue
+            storage = t.untyped_storage()
+            lo, hi = discard(storage.data_ptr(), storage.nbytes())
+            raw = torch.empty(0, dtype=torch.uint8).set_(storage)
+            raw[:lo].zero_()
+            raw[max(lo, hi):].zero_()
+            freed += hi - lo
+        return freed

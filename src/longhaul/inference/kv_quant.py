@@ -63,6 +63,9 @@ class QuantizedKVCache(KVCache):
         self.free_rows = list(range(staging_blocks - 1, -1, -1))
         self.step = 0
 
+    def storage(self) -> list[torch.Tensor]:
+        return [self.kc, self.vc, self.ks, self.kb, self.vs, self.vb, self.sk, self.sv]
+
     @classmethod
     def bytes_per_token(cls, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32,
                         fmt: KVQuant | str = "int8", block_size: int = 16) -> int:

@@ -24,6 +24,7 @@ import traceback
 
 from longhaul.config import RunConfig
 from longhaul.cpus import available_cpus
+from longhaul.inference.engine import LLMEngine
 from longhaul.malloc import keep_freed_memory
 from longhaul.rl.grpo import frozen_copy
 from longhaul.runtime.notice import leave_to_the_parent
@@ -65,6 +66,7 @@ class InlineRollouts:
         self.sync = SyncStats()
         self._pending: list[RolloutRequest] = []
         self.busy_s = 0.0
+        self.kv_slept = 0  # bytes of KV pool the engine handed back at the last update
 
     def start(self) -> None:
         pass
@@ -96,10 +98,13 @@ class InlineRollouts:
         self.sync.published(sum(t.numel() * t.element_size() for t in tensors.values()), time.perf_counter() - t0)
 
     def stats(self) -> dict:
-        return {"rollout/pending_requests": len(self._pending)}
+        return {"rollout/pending_requests": len(self._pending), "memory/kv_slept_gb": round(self.kv_slept / 1e9, 4)}
 
     def training(self, busy: bool) -> None:
-        pass
+        """While the trainer updates, the engine's KV pool hands its pages back (`LLMEngine.sleep`):
+        rollouts here run only between updates, so the pool idles through every update."""
+        if busy and isinstance(self.sampler, LLMEngine):
+            self.kv_slept = self.sampler.sleep()
 
     def close(self) -> None:
         pass

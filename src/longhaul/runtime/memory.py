@@ -9,7 +9,8 @@ Parts, each counted once (a storage shared by two holders goes to the first in t
 - optimizer: the optimizer's state (Adam's two moments);
 - reference: a frozen reference model's weights;
 - sampler: the rollout engine's own weight copy;
-- kv_pool: the engine's paged KV cache;
+- kv_pool: the engine's paged KV cache, its pages in memory (after `LLMEngine.sleep`, only
+  those written since);
 - activations: rollout activations kept for the training forward (`RolloutActivations`);
 - heap_other: the rest of the C heap in use (Python objects, tokenizers, tensors held elsewhere);
 - allocator_free: heap the allocator holds free for reuse (a step's activations and logits
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from longhaul.malloc import allocator, heap as malloc_heap
+from longhaul.malloc import allocator, heap as malloc_heap, resident_bytes
 
 PARTS = ("weights", "gradients", "optimizer", "reference", "sampler", "kv_pool", "activations",
          "heap_other", "allocator_free", "files")
@@ -61,8 +62,9 @@ def _tensors(obj, depth: int = 4, seen: set | None = None):
         yield from _tensors(item, depth - 1, seen)
 
 
-def _storage_bytes(tensors, counted: set[int]) -> int:
-    """Bytes of the storages behind `tensors` not yet in `counted` (which this extends)."""
+def _storage_bytes(tensors, counted: set[int], resident: bool = False) -> int:
+    """Bytes of the storages behind `tensors` not yet in `counted` (which this extends); with
+    `resident`, only their pages in memory now (a sleeping engine's KV pool holds few)."""
     total = 0
     for t in tensors:
         if t.device.type != "cpu" or t.is_meta:
@@ -76,7 +78,7 @@ def _storage_bytes(tensors, counted: set[int]) -> int:
         key = s.data_ptr()
         if key and key not in counted:
             counted.add(key)
-            total += s.nbytes()
+            total += resident_bytes(key, s.nbytes()) if resident else s.nbytes()
     return total
 
 
@@ -122,6 +124,7 @@ def measure(policy=None, trainer=None, sampler=None) -> Breakdown:
     model used as one)."""
     counted: set[int] = set()
     parts = dict.fromkeys(PARTS, 0)
+    absent = 0
     params = list(policy.parameters()) if policy is not None else []
     parts["weights"] = _storage_bytes([*params, *(policy.buffers() if policy is not None else [])], counted)
     parts["gradients"] = _storage_bytes([p.grad for p in params if p.grad is not None], counted)
@@ -132,7 +135,10 @@ def measure(policy=None, trainer=None, sampler=None) -> Breakdown:
         runner = getattr(sampler, "runner", None)
         if runner is not None:  # the paged engine
             recorder = getattr(runner, "recorder", None)
-            parts["kv_pool"] = _storage_bytes(_tensors(getattr(sampler, "kv", None)), counted)
+            pool = list(_tensors(getattr(sampler, "kv", None)))
+            before = set(counted)
+            parts["kv_pool"] = _storage_bytes(pool, counted, resident=True)
+            absent = _storage_bytes(pool, before) - parts["kv_pool"]  # in the heap's use, not in memory
             parts["activations"] = _storage_bytes(_tensors(recorder), counted)
             parts["sampler"] = _storage_bytes(_tensors({k: v for k, v in vars(runner).items() if k != "recorder"}), counted)
         else:
@@ -142,6 +148,6 @@ def measure(policy=None, trainer=None, sampler=None) -> Breakdown:
     parts["files"] = st.get("RssFile", 0) + st.get("RssShmem", 0)
     if heap is not None:
         in_use, free = heap
-        parts["heap_other"] = max(0, in_use - sum(parts.values()) + parts["files"])
+        parts["heap_other"] = max(0, in_use - absent - sum(parts.values()) + parts["files"])
         parts["allocator_free"] = min(free, max(0, st.get("VmRSS", 0) - sum(parts.values())))
     return Breakdown(parts, st.get("VmRSS", 0), st.get("VmHWM", 0))
