@@ -117,6 +117,10 @@ class Neighbours:
         self.use = 0.0
         self.load = CpuLoad(2, lambda: self.busy, own=lambda: 0.0, clock=lambda: self.now)
 
+    def wait(self, seconds):
+        self.now += seconds
+        self.busy += self.use * seconds
+
     def run(self, gov, machine, seconds, step_s=0.01):
         used = []
         for _ in range(round(seconds / step_s)):
@@ -141,6 +145,20 @@ def test_sensed_governor_yields_a_thread_to_a_busy_neighbour_and_takes_it_back()
     used = nb.run(gov, m, 2.0)
     assert used[-150:] == [2] * 150
     assert gov.switches == 2 and m.sets == 2
+
+
+def test_a_new_governor_beside_a_busy_neighbour_runs_even_its_first_step_at_one_thread():
+    m, nb = Machine(), Neighbours()
+    nb.use = 1.0  # busy before the engine's first request
+    waited = []
+    gov = m.governor(load=nb.load, sleep=lambda s: (waited.append(s), nb.wait(s)))
+    assert nb.run(gov, m, 1.0) == [1] * 100
+    assert waited == [pytest.approx(0.05)]  # once, the first window
+    m, alone = Machine(), Neighbours()
+    waited.clear()
+    gov = m.governor(load=alone.load, sleep=lambda s: (waited.append(s), alone.wait(s)))
+    alone.wait(1.0)  # an engine made a while before its first request: nothing to wait for
+    assert set(alone.run(gov, m, 1.0)) == {2} and waited == [0.0]
 
 
 def test_sensed_governor_keeps_under_the_callers_cap():

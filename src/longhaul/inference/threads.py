@@ -11,8 +11,10 @@ used of this process's CPUs over the last quarter second and runs as many thread
 room: a neighbour using more than 0.4 of a CPU takes a thread away, and the thread comes back
 once the neighbours use at most 0.25 (a band, so that a neighbour near the line does not make
 the count flap). The first choice is made after a twentieth of a second (two threads beside a
-busy neighbour can take that long for one step). Nothing is timed and no step runs at a count
-it would not choose.
+busy neighbour can take that long for one step): a governor younger than that, whose engine
+was just made, waits out the rest before its first step (at most that twentieth of a second,
+once), so that not even the first step, a batch's prefill, runs at a count it would not choose.
+Nothing is timed.
 
 Elsewhere it times steps: every so often it runs a few steps at each candidate count (the cap
 the caller set, half of it, one) and keeps the fastest, probing again sooner after a change and
@@ -96,8 +98,10 @@ class SectionThreads:
 class ThreadGovernor:
     def __init__(self, probe_steps: int = 3, first_probe: int = 4, min_interval: int = 32, max_interval: int = 512,
                  clock: Callable[[], float] = time.perf_counter, set_threads: Callable[[int], None] = torch.set_num_threads,
-                 get_threads: Callable[[], int] = torch.get_num_threads, load: CpuLoad | None | str = "auto"):
+                 get_threads: Callable[[], int] = torch.get_num_threads, load: CpuLoad | None | str = "auto",
+                 sleep: Callable[[float], None] = time.sleep):
         self.load = CpuLoad.open() if load == "auto" else load  # None: time steps instead
+        self._sleep = sleep
         self.probe_steps = probe_steps  # timed steps per candidate; the median decides
         self.min_interval, self.max_interval = min_interval, max_interval  # steps between probes
         self.clock, self._set, self._get = clock, set_threads, get_threads
@@ -155,7 +159,9 @@ class ThreadGovernor:
     def _sensed(self, cap: int) -> int:
         """The count for the next step from the neighbours' CPU use (read at most every WINDOW_S)."""
         n = min(self.choice or cap, cap)
-        if self.load.elapsed() < (WINDOW_S if self.choice is not None else FIRST_WINDOW_S):
+        if self.choice is None:  # the first step waits out the first window rather than guess
+            self._sleep(max(0.0, FIRST_WINDOW_S - self.load.elapsed()))
+        elif self.load.elapsed() < WINDOW_S:
             return n
         want = threads_for(self.load, n, cap)
         if want != n:
