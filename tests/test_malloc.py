@@ -144,3 +144,48 @@ def test_discard_hands_whole_pages_back_and_they_read_as_zeros():
     buf.fill_(2)  # the allocation is still there: it pages back in on write
     assert bool((buf == 2).all())
     assert discard(buf.data_ptr() + 1, page - 2) == (0, 0)  # no whole page inside
+
+
+# bf16 matmuls of 150 shapes, forward and backward, as packed training batches have a new token
+# count at every micro-batch: resident growth in MB, with oneDNN's kernel caches as the
+# environment leaves them after `import longhaul`
+KERNELS = r"""
+import os
+import longhaul
+import torch
+print(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"), os.environ.get("LRU_CACHE_CAPACITY"))
+w = torch.randn(576, 1536, requires_grad=True)
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+for m in range(100, 110):  # warm-up: the libraries' own one-off allocations
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (torch.randn(m, 576, requires_grad=True) @ w).float().sum().backward()
+r0 = rss()
+for m in range(110, 260):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (torch.randn(m, 576, requires_grad=True) @ w).float().sum().backward()
+print((rss() - r0) >> 20)
+"""
+
+
+def test_import_bounds_onednn_kernel_caches_unless_the_environment_sets_them():
+    from longhaul.malloc import KERNEL_CACHE_ENTRIES
+
+    base = {"PATH": "/usr/bin:/bin", "LONGHAUL_MALLOC": "system", "PYTHONPATH": ":".join(sys.path)}
+    run = lambda env: subprocess.run([sys.executable, "-c", KERNELS], capture_output=True, text=True, env=env,  # noqa: E731
+                                     timeout=300, check=True).stdout.split()
+    *bounded, grew = run(base)
+    assert bounded == [str(KERNEL_CACHE_ENTRIES)] * 2
+    *theirs, grew_default = run({**base, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024", "LRU_CACHE_CAPACITY": "1024"})
+    assert theirs == ["1024", "1024"]  # the user's settings stand
+    # where bf16 matmuls build oneDNN kernels (hundreds of MB for these shapes at oneDNN's default
+    # of 1,024 entries), the bound keeps well under half of that; elsewhere both stay small
+    assert int(grew) <= max(0.5 * int(grew_default), 100), (grew, grew_default)
+
+
+def test_foreign_env_drops_the_kernel_cache_bounds_longhaul_set():
+    from longhaul.malloc import foreign_env
+
+    ours = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64", "LONGHAUL_KERNEL_CACHES": "LRU_CACHE_CAPACITY",
+            "X": "1"}
+    assert foreign_env(ours) == {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "X": "1"}  # the user set the first one

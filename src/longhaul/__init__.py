@@ -5,3 +5,7 @@
 """
 
 __version__ = "0.1.0"
+
+from longhaul.malloc import bound_kernel_caches as _bound_kernel_caches
+
+_bound_kernel_caches()  # before any oneDNN kernel is built (longhaul.malloc)

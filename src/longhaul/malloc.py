@@ -6,7 +6,8 @@ and `reexec_with_preload()` (the CLI starts itself again with jemalloc preloaded
 process it starts has it too), `keep_freed_memory()` (glibc's settings, which longhaul's own
 processes call at start), the heap's counters (`heap()`), bounding the free heap between
 steps (`between_steps`) and within one: between micro-batches and the layers of a long forward
-(`within_step`), and handing an idle buffer's pages back while keeping it (`discard`).
+(`within_step`), handing an idle buffer's pages back while keeping it (`discard`), and the
+bound on oneDNN's caches of compiled kernels (`bound_kernel_caches`).
 Does not own torch's tensors or any cache of them.
 
 Why: a training step allocates and frees gigabytes of activations, gradients and logit chunks
@@ -88,10 +89,35 @@ def preload_env() -> dict[str, str]:
     return {"LD_PRELOAD": preload, "MALLOC_CONF": os.environ.get("MALLOC_CONF", JEMALLOC_CONF), _PRELOADED: "1"}
 
 
+# oneDNN's caches of compiled kernels, each entry holding its JIT code and buffers (~1 MB): the
+# primitive cache and PyTorch's own (ideep's) LRU of matmul computations, 1,024 entries each by
+# default. A kernel is compiled per shape, and packed training batches have a new token count at
+# every micro-batch, so both fill over a run (~1 GB in a 2,048-token-bin SFT run, 20+ steps).
+# 64 entries hold every kernel one micro-batch's forward and backward reuse across its layers
+# (16 did not: 40% slower).
+KERNEL_CACHE_ENTRIES = 64
+_KERNEL_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+_KERNEL_CACHES_SET = "LONGHAUL_KERNEL_CACHES"  # the variables of _KERNEL_CACHES that longhaul set
+
+
+def bound_kernel_caches() -> None:
+    """Cap oneDNN's kernel caches at KERNEL_CACHE_ENTRIES, where the environment does not set
+    them. Read when the first kernel is built, so `import longhaul` calls this before any runs;
+    child processes inherit it."""
+    ours = [k for k in _KERNEL_CACHES if k not in os.environ]
+    for k in ours:
+        os.environ[k] = str(KERNEL_CACHE_ENTRIES)
+    if ours:
+        os.environ[_KERNEL_CACHES_SET] = " ".join(ours)
+
+
 def foreign_env(env: dict | None = None) -> dict:
-    """`env` (default: this process's) without the jemalloc preload and settings this module
-    added: for programs that are not longhaul (the anchors a benchmark compares against)."""
+    """`env` (default: this process's) without the jemalloc preload, the kernel cache bounds and
+    the other settings longhaul added: for programs that are not longhaul (the anchors a
+    benchmark compares against)."""
     env = dict(os.environ if env is None else env)
+    for k in env.pop(_KERNEL_CACHES_SET, "").split():
+        env.pop(k, None)
     if env.pop(_PRELOADED, None) is not None:
         rest = " ".join(p for p in env.get("LD_PRELOAD", "").split() if p != _JEMALLOC)
         env.pop("LD_PRELOAD") if not rest else env.update(LD_PRELOAD=rest)
