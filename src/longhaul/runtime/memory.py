@@ -17,7 +17,9 @@ Parts, each counted once (a storage shared by two holders goes to the first in t
   after it ended: longhaul keeps freed memory, `longhaul.malloc`), at most what the other parts
   leave of the resident figure: free chunks whose pages were handed back (`bound_free_heap`)
   stay in the allocator's count but are not resident;
-- files: mapped files (shared libraries, the model file) and shared memory.
+- files: mapped files (shared libraries) and shared memory, less the pages of mapped weights
+  that a part above already counts (a model's safetensors mapped rather than read: its pages
+  still the file's are in the kernel's RssFile, those written since in RssAnon).
 `resident` is the kernel's VmRSS, `peak` its VmHWM; `unaccounted` is resident minus the
 parts: memory outside the C heap that no part names (Python's object arenas, thread stacks,
 libraries' static data: a fixed one or two hundred MB), less free heap the kernel has not paged in.
@@ -25,6 +27,7 @@ libraries' static data: a fixed one or two hundred MB), less free heap the kerne
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import torch
@@ -62,24 +65,76 @@ def _tensors(obj, depth: int = 4, seen: set | None = None):
         yield from _tensors(item, depth - 1, seen)
 
 
-def _storage_bytes(tensors, counted: set[int], resident: bool = False) -> int:
-    """Bytes of the storages behind `tensors` not yet in `counted` (which this extends); with
-    `resident`, only their pages in memory now (a sleeping engine's KV pool holds few)."""
-    total = 0
-    for t in tensors:
-        if t.device.type != "cpu" or t.is_meta:
-            continue
-        if t.is_mkldnn:  # oneDNN's packed weights (`ops.linear.PackedLinear`) hide their storage
-            if id(t) not in counted:
-                counted.add(id(t))
-                total += t.numel() * t.element_size()
-            continue
-        s = t.untyped_storage()
-        key = s.data_ptr()
-        if key and key not in counted:
-            counted.add(key)
-            total += resident_bytes(key, s.nbytes()) if resident else s.nbytes()
-    return total
+def _file_mappings() -> list[tuple[int, int, int]]:
+    """This process's file-backed mappings of at least 1 MB, sorted: (start, end, bytes of their
+    pages resident and still the file's, i.e. not written since: counted in RssFile/RssShmem)."""
+    out, cur = [], None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 6)
+                if len(head) >= 5 and "-" in head[0] and len(head[1]) == 4:  # a mapping's first line
+                    a, _, b = head[0].partition("-")
+                    start, end = int(a, 16), int(b, 16)
+                    cur = [start, end, 0, 0] if head[4] != "0" and end - start >= 1 << 20 else None
+                    if cur is not None:
+                        out.append(cur)
+                elif cur is not None and head[0] in ("Rss:", "Anonymous:"):
+                    cur[2 if head[0] == "Rss:" else 3] = int(head[1]) * 1024
+    except OSError:
+        return []
+    return sorted((start, end, max(0, rss - anon)) for start, end, rss, anon in out)
+
+
+class _Census:
+    """The storages counted so far, each once, and where they live: in a file's private or shared
+    mapping (a model's safetensors mapped rather than read; shared-memory weights), or elsewhere
+    (the C heap, buffers a library mapped)."""
+
+    def __init__(self):
+        self.counted: set[int] = set()
+        self.maps = _file_mappings()
+        self._starts = [m[0] for m in self.maps]
+        self.in_maps: set[int] = set()  # indices of mappings that hold a counted storage
+        self.heap = 0  # bytes counted outside file mappings
+        self.absent = 0  # bytes of those counted by their resident pages that are not resident
+
+    def _mapping(self, address: int) -> int | None:
+        i = bisect.bisect_right(self._starts, address) - 1
+        return i if i >= 0 and address < self.maps[i][1] else None
+
+    def add(self, tensors, resident: bool = False) -> int:
+        """Bytes of the storages behind `tensors` not yet counted; with `resident`, only their
+        pages in memory now (a sleeping engine's KV pool holds few)."""
+        total = 0
+        for t in tensors:
+            if t.device.type != "cpu" or t.is_meta:
+                continue
+            if t.is_mkldnn:  # oneDNN's packed weights (`ops.linear.PackedLinear`) hide their storage
+                if id(t) not in self.counted:
+                    self.counted.add(id(t))
+                    total += t.numel() * t.element_size()
+                    self.heap += t.numel() * t.element_size()
+                continue
+            st = t.untyped_storage()
+            key, size = st.data_ptr(), st.nbytes()
+            if not key or key in self.counted:
+                continue
+            self.counted.add(key)
+            m = self._mapping(key)
+            if m is not None:  # all its bytes: a page not yet read in is read at the first forward
+                self.in_maps.add(m)
+                total += size
+                continue
+            n = resident_bytes(key, size) if resident else size
+            self.heap += n
+            self.absent += size - n
+            total += n
+        return total
+
+    def clean_mapped(self) -> int:
+        """Resident bytes of the mappings holding counted storages that RssFile/RssShmem count too."""
+        return sum(self.maps[i][2] for i in self.in_maps)
 
 
 def _status() -> dict[str, int]:
@@ -122,32 +177,31 @@ def measure(policy=None, trainer=None, sampler=None) -> Breakdown:
     """This process's memory by part: `policy` (an nn.Module), `trainer` (whatever holds the
     optimizer and a reference as `.optimizer` / `.ref`), `sampler` (an `LLMEngine`, or an HF
     model used as one)."""
-    counted: set[int] = set()
+    census = _Census()
     parts = dict.fromkeys(PARTS, 0)
-    absent = 0
     params = list(policy.parameters()) if policy is not None else []
-    parts["weights"] = _storage_bytes([*params, *(policy.buffers() if policy is not None else [])], counted)
-    parts["gradients"] = _storage_bytes([p.grad for p in params if p.grad is not None], counted)
+    parts["weights"] = census.add([*params, *(policy.buffers() if policy is not None else [])])
+    parts["gradients"] = census.add([p.grad for p in params if p.grad is not None])
     if trainer is not None:
-        parts["optimizer"] = _storage_bytes(_tensors(getattr(trainer, "optimizer", None)), counted)
-        parts["reference"] = _storage_bytes(_tensors(getattr(trainer, "ref", None)), counted)
+        parts["optimizer"] = census.add(_tensors(getattr(trainer, "optimizer", None)))
+        parts["reference"] = census.add(_tensors(getattr(trainer, "ref", None)))
     if sampler is not None:
         runner = getattr(sampler, "runner", None)
         if runner is not None:  # the paged engine
             recorder = getattr(runner, "recorder", None)
-            pool = list(_tensors(getattr(sampler, "kv", None)))
-            before = set(counted)
-            parts["kv_pool"] = _storage_bytes(pool, counted, resident=True)
-            absent = _storage_bytes(pool, before) - parts["kv_pool"]  # in the heap's use, not in memory
-            parts["activations"] = _storage_bytes(_tensors(recorder), counted)
-            parts["sampler"] = _storage_bytes(_tensors({k: v for k, v in vars(runner).items() if k != "recorder"}), counted)
+            parts["kv_pool"] = census.add(_tensors(getattr(sampler, "kv", None)), resident=True)
+            parts["activations"] = census.add(_tensors(recorder))
+            parts["sampler"] = census.add(_tensors({k: v for k, v in vars(runner).items() if k != "recorder"}))
         else:
-            parts["sampler"] = _storage_bytes(_tensors(sampler), counted)
+            parts["sampler"] = census.add(_tensors(sampler))
     heap = malloc_heap()
     st = _status()
-    parts["files"] = st.get("RssFile", 0) + st.get("RssShmem", 0)
+    # mapped files' pages, less those of the mapped weights already counted in their parts
+    parts["files"] = max(0, st.get("RssFile", 0) + st.get("RssShmem", 0) - census.clean_mapped())
     if heap is not None:
         in_use, free = heap
-        parts["heap_other"] = max(0, in_use - absent - sum(parts.values()) + parts["files"])
+        # the heap in use holds the storages counted outside file mappings (all their bytes,
+        # resident or not) and what no part names
+        parts["heap_other"] = max(0, in_use - census.heap - census.absent)
         parts["allocator_free"] = min(free, max(0, st.get("VmRSS", 0) - sum(parts.values())))
     return Breakdown(parts, st.get("VmRSS", 0), st.get("VmHWM", 0))
