@@ -110,3 +110,28 @@ def make_runs(root: Path) -> Path:
     (live / "config.yaml").write_text(dump_config(RunConfig(name="live", model={"name": "tiny-llama"})))
     write_metrics(live, range(1, 3))
     return root
+
+
+FAILING_REASON = "the reference solution does not pass (wrong_answer)"
+
+
+def make_manifest(path: Path) -> Path:
+    """An envcheck manifest: funcgen as checked from its code now, with one failing and one flaky
+    task; multistep checked from code that has changed since; a family no longer registered."""
+    from longhaul.envs import get_family
+
+    entry = {"kind": "answer", "version": "1", "status": "ok", "checked_at": "2026-12-06T06:00:00Z", "runs": 2,
+             "checked": 40, "valid": 38, "distinct_valid": 38, "valid_fraction": 0.95, "max_task_s": 0.01,
+             "subfamilies": {"funcgen/math.gcd": 20, "funcgen/lists.scale": 18},
+             "failing": ["funcgen/v1/bad"], "flaky": ["funcgen/v1/shaky"],
+             "reasons": {"funcgen/v1/bad": FAILING_REASON, "funcgen/v1/shaky": "reference ['pass', 'fail'], null ['fail', 'fail'] across runs"},
+             "problems": {}}
+    families = {
+        "funcgen": {**entry, "family": "funcgen", "content_hash": get_family("funcgen").content_hash()},
+        "multistep": {**entry, "family": "multistep", "kind": "workspace", "content_hash": "0000000000000000", "failing": [],
+                      "flaky": [], "reasons": {}},
+        "retired": {**entry, "family": "retired", "content_hash": "1111111111111111"},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"families": families}))
+    return path

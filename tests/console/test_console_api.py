@@ -163,3 +163,26 @@ def test_a_token_guards_every_api_call(root, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["console", "--runs", str(root / "missing")])
     assert "pass --runs DIR" in capsys.readouterr().err
+
+
+def test_environments_list_the_manifest_with_each_family_current_or_stale(root, tmp_path):
+    from tests.console.runs_on_disk import FAILING_REASON, make_manifest
+
+    manifest = make_manifest(tmp_path / "envcheck" / "manifest.json")
+    body = TestClient(create_app(root, manifest=manifest)).get("/api/environments").json()
+    fams = {f["family"]: f for f in body["families"]}
+    assert list(fams) == ["funcgen", "multistep", "retired"] and body["manifest"] == str(manifest)
+    assert {k: f["currency"] for k, f in fams.items()} == {"funcgen": "current", "multistep": "stale", "retired": "unknown family"}
+    assert fams["funcgen"]["reasons"]["funcgen/v1/bad"] == FAILING_REASON and fams["funcgen"]["flaky"] == ["funcgen/v1/shaky"]
+
+
+def test_environments_before_any_check_and_with_a_corrupt_manifest(root, tmp_path):
+    missing = TestClient(create_app(root, manifest=tmp_path / "none.json")).get("/api/environments")
+    assert missing.status_code == 200 and missing.json()["families"] == [] and "longhaul envcheck" in missing.json()["note"]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"families": {"funcgen": ')
+    r = TestClient(create_app(root, manifest=bad)).get("/api/environments")
+    assert r.status_code == 422 and "not valid JSON" in r.json()["error"] and "longhaul envcheck" in r.json()["error"]
+    bad.write_text('{"families": {"funcgen": 3}}')
+    r = TestClient(create_app(root, manifest=bad)).get("/api/environments")
+    assert r.status_code == 200 and r.json()["families"] == [] and "funcgen" in r.json()["warnings"][0]

@@ -109,3 +109,16 @@ def test_a_deleted_run_says_so_on_its_page(tmp_path):
         page.wait_for_selector('.chart[data-metric="reward"] canvas')
         shutil.rmtree(root / "live")
         wait_until(lambda: "deleted" in page.inner_text("#messages"), what="the page to say the run was deleted")
+
+
+def test_environments_page_shows_each_family_and_why_a_task_fails(tmp_path, monkeypatch):
+    from tests.console.runs_on_disk import FAILING_REASON, make_manifest
+
+    monkeypatch.setenv("LONGHAUL_ENVCHECK_MANIFEST", str(make_manifest(tmp_path / "manifest.json")))
+    with console_page(tmp_path) as (root, base, page):
+        page.goto(base + "/")
+        page.click('a[href="/environments"]')
+        page.wait_for_selector('#families tr[data-family="funcgen"]')
+        assert "stale" in page.inner_text('#families tr[data-family="multistep"]')
+        assert "38 / 40" in page.inner_text('#families tr[data-family="funcgen"]')
+        assert FAILING_REASON in page.inner_text('section[data-family="funcgen"] table.problems')

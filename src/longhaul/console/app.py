@@ -6,11 +6,13 @@ API (every route under /api; with a token set, each needs `Authorization: Bearer
 - `GET /api/runs/{run}/summary`, `/config`, `/eval`;
 - `GET /api/runs/{run}/metrics?after=N`: only the metrics lines after line N;
 - `GET /api/runs/{run}/episodes?source=FILE&result=pass|fail&task=ID&step=S&offset=&limit=&turns=`;
-- `GET /api/runs/{run}/episode?source=FILE&id=LINE.MEMBER`: one episode, every turn whole.
+- `GET /api/runs/{run}/episode?source=FILE&id=LINE.MEMBER`: one episode, every turn whole;
+- `GET /api/environments`: the envcheck manifest's families, each marked current or stale.
 Errors are `{"error": "<one line with the fix>"}` with their status: 400 for a name that is not
-a path inside the runs directory, 404 for a run or file that is not (or no longer) there.
+a path inside the runs directory, 404 for a run or file that is not (or no longer) there, 422
+for an envcheck manifest that cannot be read.
 
-Pages (`/`, `/run?name=`, `/episode?run=&source=&id=`) are static files that call the API; a
+Pages (`/`, `/run?name=`, `/episode?run=&source=&id=`, `/environments`) are static files that call the API; a
 token given as `?token=` is kept in the tab's sessionStorage and sent as that header. The pages
 themselves hold no run data, so they need no token.
 """
@@ -27,6 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
+from longhaul.console.environments import Environments
 from longhaul.console.episodes import Episodes
 from longhaul.console.paths import ConsoleError, RunsRoot
 from longhaul.console.runs import Runs
@@ -35,7 +38,7 @@ from longhaul.errors import LonghaulError
 STATIC = Path(__file__).parent / "static"
 UPLOT = STATIC / "vendor" / "uPlot.iife.min.js"
 TOKEN_ENV = "LONGHAUL_CONSOLE_TOKEN"
-PAGES = {"/": "index.html", "/run": "run.html", "/episode": "episode.html"}
+PAGES = {"/": "index.html", "/run": "run.html", "/episode": "episode.html", "/environments": "environments.html"}
 
 
 def is_loopback(host: str) -> bool:
@@ -47,10 +50,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def create_app(runs_dir: Path, token: str | None = None) -> FastAPI:
+def create_app(runs_dir: Path, token: str | None = None, manifest: Path | None = None) -> FastAPI:
+    """The app over `runs_dir`; `manifest`: the envcheck manifest the environments page shows
+    (default: the one training reads, `eval.envcheck.manifest_path`)."""
     root = RunsRoot(runs_dir)
     runs = Runs(root)
     episodes = Episodes(root, runs.cache)
+    environments = Environments(manifest)
 
     def authorize(authorization: str | None = Header(None)) -> None:
         if not token:
@@ -107,6 +113,10 @@ def create_app(runs_dir: Path, token: str | None = None) -> FastAPI:
     @app.get("/api/runs/{run:path}/episode", dependencies=api)
     def episode(run: str, source: str, id: str):
         return episodes.one(run, source, id)
+
+    @app.get("/api/environments", dependencies=api)
+    def environment_list():
+        return environments.listing()
 
     @app.get("/api/{rest:path}", dependencies=api)
     def unknown(rest: str):
