@@ -393,11 +393,17 @@ def console_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="loopback by default; any other address needs --token"),
     port: int = typer.Option(7860, "--port"),
     token: Optional[str] = typer.Option(None, "--token", envvar="LONGHAUL_CONSOLE_TOKEN", help="a secret every API call must send"),
+    serve: Optional[str] = typer.Option(None, "--serve", envvar="LONGHAUL_CONSOLE_SERVE",
+                                        help="an OpenAI-compatible server's base URL (e.g. `longhaul serve`'s) for the playground page"),
+    serve_key: Optional[str] = typer.Option(None, "--serve-key", envvar="LONGHAUL_CONSOLE_SERVE_KEY", help="that server's API key"),
 ):
-    """A local web app over the runs: status, live metric curves, config, evaluation, every episode turn by turn."""
+    """A local web app over the runs: status, live metric curves, config, evaluation, every episode turn by turn,
+    the environments, and a playground over a served model."""
     from longhaul.console.app import run_console
 
-    run_console(Path(runs), host, port, token)
+    if serve is not None and not serve.startswith(("http://", "https://")):
+        raise LonghaulError(f"--serve {serve!r} is not an http(s) URL; pass e.g. http://127.0.0.1:8000")
+    run_console(Path(runs), host, port, token, serve, serve_key)
 
 
 @model_app.command("prepare")

@@ -186,3 +186,50 @@ def test_environments_before_any_check_and_with_a_corrupt_manifest(root, tmp_pat
     bad.write_text('{"families": {"funcgen": 3}}')
     r = TestClient(create_app(root, manifest=bad)).get("/api/environments")
     assert r.status_code == 200 and r.json()["families"] == [] and "funcgen" in r.json()["warnings"][0]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """`longhaul serve`'s app with tiny-llama, on loopback: its base URL."""
+    from tests.serve.conftest import running_server
+
+    with running_server(tmp_path_factory.mktemp("serve")) as (base, _):
+        yield base
+
+
+def _events(text: str) -> list[str]:
+    return [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+
+
+def test_playground_lists_the_models_and_streams_a_chat_through_the_console(root, served):
+    import json
+
+    client = TestClient(create_app(root, serve=served))
+    listing = client.get("/api/playground").json()
+    assert listing["server"] == served and "tiny-llama" in listing["models"]
+    r = client.post("/api/playground/chat", json={"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}],
+                                                  "max_tokens": 6, "temperature": 0})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    data = _events(r.text)
+    assert data[-1] == "[DONE]" and len(data) >= 3  # streamed: a chunk per delta, not one answer
+    deltas = [json.loads(d)["choices"][0]["delta"] for d in data[:-1] if json.loads(d)["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas)
+
+
+def test_playground_errors_name_the_fix(root, served):
+    none = TestClient(create_app(root)).get("/api/playground")
+    assert none.status_code == 503 and "--serve URL" in none.json()["error"]
+    gone = TestClient(create_app(root, serve="http://127.0.0.1:9")).get("/api/playground")
+    assert gone.status_code == 502 and "did not answer" in gone.json()["error"]
+    client = TestClient(create_app(root, serve=served))
+    assert client.post("/api/playground/chat", json={"model": "tiny-llama"}).status_code == 400
+    odd = client.post("/api/playground/chat", json={"model": "tiny-llama", "messages": [{"role": "user", "content": "x"}], "n": 3})
+    assert odd.status_code == 400 and "'n'" in odd.json()["error"]
+    wrong = client.post("/api/playground/chat", json={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]})
+    assert 400 <= wrong.status_code < 500 and "the server refused the chat" in wrong.json()["error"], wrong.json()
+
+
+def test_console_cli_refuses_a_serve_address_that_is_not_a_url(root, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["console", "--runs", str(root), "--serve", "localhost:8000"])
+    assert e.value.code != 0 and "is not an http(s) URL" in capsys.readouterr().err

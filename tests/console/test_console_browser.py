@@ -33,12 +33,12 @@ def _needs_browser():
 
 
 @contextlib.contextmanager
-def serving(root):
+def serving(root, **app_options):
     import uvicorn
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(root), log_config=None, access_log=False))
+    server = uvicorn.Server(uvicorn.Config(create_app(root, **app_options), log_config=None, access_log=False))
     th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     th.start()
     try:
@@ -56,13 +56,13 @@ INKED = """c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.hei
 
 
 @contextlib.contextmanager
-def console_page(tmp_path):
+def console_page(tmp_path, **app_options):
     """(runs directory, base URL, a page) over a fresh runs directory; page errors fail the test."""
     _needs_browser()
     from playwright.sync_api import sync_playwright
 
     root = make_runs(tmp_path / "runs")
-    with serving(root) as base, sync_playwright() as pw:
+    with serving(root, **app_options) as base, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium_path(), args=list(ARGS))
         try:
             page = browser.new_page()
@@ -122,3 +122,19 @@ def test_environments_page_shows_each_family_and_why_a_task_fails(tmp_path, monk
         assert "stale" in page.inner_text('#families tr[data-family="multistep"]')
         assert "38 / 40" in page.inner_text('#families tr[data-family="funcgen"]')
         assert FAILING_REASON in page.inner_text('section[data-family="funcgen"] table.problems')
+
+
+def test_playground_streams_a_reply_from_a_served_model(tmp_path):
+    from tests.serve.conftest import running_server
+
+    _needs_browser()
+    with running_server(tmp_path / "serve") as (served, _), console_page(tmp_path, serve=served) as (root, base, page):
+        page.goto(base + "/")
+        page.click('a[href="/playground"]')
+        page.wait_for_selector('#model option[value="tiny-llama"]', state="attached")
+        page.fill("#prompt", "hello there")
+        page.click("#send")
+        page.wait_for_selector('.turn.assistant[data-done="true"]')
+        assert page.inner_text('.turn.user pre') == "hello there"
+        assert page.inner_text('.turn.assistant pre').strip()  # the streamed reply, shown
+        assert page.inner_text("#messages") == ""

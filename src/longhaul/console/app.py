@@ -7,12 +7,15 @@ API (every route under /api; with a token set, each needs `Authorization: Bearer
 - `GET /api/runs/{run}/metrics?after=N`: only the metrics lines after line N;
 - `GET /api/runs/{run}/episodes?source=FILE&result=pass|fail&task=ID&step=S&offset=&limit=&turns=`;
 - `GET /api/runs/{run}/episode?source=FILE&id=LINE.MEMBER`: one episode, every turn whole;
-- `GET /api/environments`: the envcheck manifest's families, each marked current or stale.
+- `GET /api/environments`: the envcheck manifest's families, each marked current or stale;
+- `GET /api/playground`: the OpenAI-compatible server given by `--serve` and its models;
+- `POST /api/playground/chat`: a chat completion streamed from that server (`playground`).
 Errors are `{"error": "<one line with the fix>"}` with their status: 400 for a name that is not
 a path inside the runs directory, 404 for a run or file that is not (or no longer) there, 422
-for an envcheck manifest that cannot be read.
+for an envcheck manifest that cannot be read, 502 when the playground's server does not answer,
+503 when none is configured.
 
-Pages (`/`, `/run?name=`, `/episode?run=&source=&id=`, `/environments`) are static files that call the API; a
+Pages (`/`, `/run?name=`, `/episode?run=&source=&id=`, `/environments`, `/playground`) are static files that call the API; a
 token given as `?token=` is kept in the tab's sessionStorage and sent as that header. The pages
 themselves hold no run data, so they need no token.
 """
@@ -26,19 +29,21 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from longhaul.console.environments import Environments
 from longhaul.console.episodes import Episodes
 from longhaul.console.paths import ConsoleError, RunsRoot
+from longhaul.console.playground import Playground
 from longhaul.console.runs import Runs
 from longhaul.errors import LonghaulError
 
 STATIC = Path(__file__).parent / "static"
 UPLOT = STATIC / "vendor" / "uPlot.iife.min.js"
 TOKEN_ENV = "LONGHAUL_CONSOLE_TOKEN"
-PAGES = {"/": "index.html", "/run": "run.html", "/episode": "episode.html", "/environments": "environments.html"}
+PAGES = {"/": "index.html", "/run": "run.html", "/episode": "episode.html", "/environments": "environments.html",
+         "/playground": "playground.html"}
 
 
 def is_loopback(host: str) -> bool:
@@ -50,13 +55,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def create_app(runs_dir: Path, token: str | None = None, manifest: Path | None = None) -> FastAPI:
+def create_app(runs_dir: Path, token: str | None = None, manifest: Path | None = None, serve: str | None = None,
+               serve_key: str | None = None) -> FastAPI:
     """The app over `runs_dir`; `manifest`: the envcheck manifest the environments page shows
-    (default: the one training reads, `eval.envcheck.manifest_path`)."""
+    (default: the one training reads, `eval.envcheck.manifest_path`); `serve`: the base URL of
+    the OpenAI-compatible server the playground chats through (with `serve_key`, its API key)."""
     root = RunsRoot(runs_dir)
     runs = Runs(root)
     episodes = Episodes(root, runs.cache)
     environments = Environments(manifest)
+    playground = Playground(serve, serve_key)
 
     def authorize(authorization: str | None = Header(None)) -> None:
         if not token:
@@ -118,6 +126,19 @@ def create_app(runs_dir: Path, token: str | None = None, manifest: Path | None =
     def environment_list():
         return environments.listing()
 
+    @app.get("/api/playground", dependencies=api)
+    async def playground_models():
+        return await playground.models()
+
+    @app.post("/api/playground/chat", dependencies=api)
+    async def playground_chat(request: Request):
+        try:
+            body = await request.json()
+        except ValueError as e:
+            raise ConsoleError(400, "the chat request is not JSON; send {model, messages}") from e
+        return StreamingResponse(await playground.chat(body), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store"})
+
     @app.get("/api/{rest:path}", dependencies=api)
     def unknown(rest: str):
         raise ConsoleError(404, f"no API route /api/{rest}; see the routes in docs/console.md")
@@ -134,7 +155,8 @@ def _page(name: str):
     return page
 
 
-def run_console(runs_dir: Path, host: str = "127.0.0.1", port: int = 7860, token: str | None = None) -> None:
+def run_console(runs_dir: Path, host: str = "127.0.0.1", port: int = 7860, token: str | None = None,
+                serve: str | None = None, serve_key: str | None = None) -> None:
     """Serve the console until Ctrl-C. Off loopback a token is required (`--token` or LONGHAUL_CONSOLE_TOKEN)."""
     import uvicorn
 
@@ -142,7 +164,7 @@ def run_console(runs_dir: Path, host: str = "127.0.0.1", port: int = 7860, token
     if not is_loopback(host) and not token:
         raise LonghaulError(f"--host {host} is reachable from the network: pass --token SECRET (or set {TOKEN_ENV}) "
                             "so the API answers only holders of it")
-    app = create_app(runs_dir, token)
+    app = create_app(runs_dir, token, serve=serve, serve_key=serve_key)
     if not UPLOT.is_file():
         print("note: uPlot is not vendored, so the run page draws no charts; run `make console`")
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
