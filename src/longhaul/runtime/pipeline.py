@@ -82,8 +82,6 @@ def _write_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-STAGE_FREE_HEAP_GB = 2.0  # free heap a stage process keeps between training steps (LONGHAUL_MALLOC_FREE_GB overrides)
-
 
 def _isolated(fn, *args):
     """fn(*args) in a fresh child process (spawn); its result, or its exception raised here. A
@@ -107,9 +105,6 @@ def _stage_child(parent: int) -> None:
         pass
     if os.getppid() != parent:  # it died before the line above took effect
         os._exit(1)
-    # between training steps, hand kept heap past 2 GB back to the OS (`malloc.bound_free_heap`):
-    # a stage's steps of varying shapes otherwise grow its free heap by several GB
-    os.environ.setdefault("LONGHAUL_MALLOC_FREE_GB", str(STAGE_FREE_HEAP_GB))
     keep_freed_memory()
 
 
