@@ -466,7 +466,7 @@ def _exit_on_signals() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from longhaul.malloc import keep_freed_memory, reexec_with_preload
+    from longhaul.malloc import free_limit, keep_freed_memory, reexec_with_preload
 
     if argv is None:
         reexec_with_preload()  # jemalloc for this process and every one it starts, where installed
@@ -478,6 +478,7 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     try:
+        free_limit()  # a bad LONGHAUL_MALLOC_FREE_GB is refused now, not after a training step
         rc = app(args=argv, standalone_mode=False)
         if isinstance(rc, int) and rc:
             sys.exit(rc)

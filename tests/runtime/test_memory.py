@@ -106,3 +106,13 @@ def test_free_limit_defaults_to_a_bound_and_reads_its_variable(monkeypatch):
     monkeypatch.setenv("LONGHAUL_MALLOC_FREE_GB", "two")
     with pytest.raises(LonghaulError, match="not a size in GB"):
         free_limit()
+
+
+def test_the_cli_refuses_a_bad_free_heap_bound_before_any_work(monkeypatch, capsys):
+    from longhaul.cli import main
+
+    monkeypatch.setenv("LONGHAUL_MALLOC_FREE_GB", "lots")
+    with pytest.raises(SystemExit) as e:
+        main(["env"])
+    err = capsys.readouterr().err
+    assert e.value.code != 0 and "LONGHAUL_MALLOC_FREE_GB='lots' is not a size in GB" in err and "Traceback" not in err
