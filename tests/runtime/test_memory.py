@@ -116,3 +116,42 @@ def test_the_cli_refuses_a_bad_free_heap_bound_before_any_work(monkeypatch, caps
         main(["env"])
     err = capsys.readouterr().err
     assert e.value.code != 0 and "LONGHAUL_MALLOC_FREE_GB='lots' is not a size in GB" in err and "Traceback" not in err
+
+
+def test_a_sleeping_engine_s_pool_counts_only_its_pages_in_memory():
+    policy, tok = load_policy("tiny-llama")
+    engine = make_engine(policy, tok, "float32", max_model_len=256, num_kv_blocks=8192)
+    engine.generate([tok.encode("hello there")], SamplingParams(max_tokens=4))
+    awake = measure(policy, None, engine)
+    pool = engine.kv.nbytes()
+    assert awake.parts["kv_pool"] == pool > 50e6
+    engine.sleep()
+    asleep = measure(policy, None, engine)
+    assert asleep.parts["kv_pool"] < 0.01 * pool
+    # the pool's discarded pages leave the resident figure, not moved to another part
+    assert abs(asleep.unaccounted - awake.unaccounted) < 0.1 * pool, (awake.table(), asleep.table())
+    assert awake.resident - asleep.resident > 0.8 * pool
+
+
+def test_weights_mapped_from_a_file_count_once_and_not_as_heap(tmp_path):
+    """Weights mapped from a file (as a model's safetensors load) are resident as the file's pages
+    until written and as anonymous memory after: counted in `weights` either way, not again in
+    `files`, and not taken off the heap's use either."""
+    from longhaul.runtime.memory import _status
+
+    torch.save({"w": torch.randn(64 << 18)}, tmp_path / "w.pt")  # 64 MB
+    policy = torch.nn.Linear(1, 1)
+    base, file_pages = measure(policy), _status()["RssFile"]
+    mapped = torch.load(tmp_path / "w.pt", mmap=True)["w"]
+    policy.w = torch.nn.Parameter(mapped, requires_grad=False)
+    assert float(mapped.sum()) != 0  # read: every page resident, still the file's
+    before = measure(policy)
+    assert _status()["RssFile"] - file_pages > 60e6  # the kernel counts them as the file's
+    assert before.parts["weights"] - base.parts["weights"] == 64 << 20
+    assert before.parts["files"] - base.parts["files"] < 10e6, (base.table(), before.table())
+    assert abs(before.unaccounted - base.unaccounted) < 20e6, (base.table(), before.table())
+    with torch.no_grad():
+        mapped.mul_(2.0)  # written: the pages become this process's own (copy on write)
+    after = measure(policy)
+    assert after.parts["weights"] == before.parts["weights"] and after.parts["files"] - base.parts["files"] < 10e6
+    assert abs(after.unaccounted - base.unaccounted) < 20e6, (base.table(), after.table())
