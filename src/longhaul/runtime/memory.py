@@ -12,7 +12,8 @@ Parts, each counted once (a storage shared by two holders goes to the first in t
 - kv_pool: the engine's paged KV cache, its pages in memory (after `LLMEngine.sleep`, only
   those written since);
 - activations: rollout activations kept for the training forward (`RolloutActivations`);
-- heap_other: the rest of the C heap in use (Python objects, tokenizers, tensors held elsewhere);
+- heap_other: the rest of the C heap in use (Python objects, tokenizers, tensors held elsewhere),
+  at most what the resident figure leaves once the parts above are counted;
 - allocator_free: heap the allocator holds free for reuse (a step's activations and logits
   after it ended: longhaul keeps freed memory, `longhaul.malloc`), at most what the other parts
   leave of the resident figure: free chunks whose pages were handed back (`bound_free_heap`)
@@ -201,7 +202,9 @@ def measure(policy=None, trainer=None, sampler=None) -> Breakdown:
     if heap is not None:
         in_use, free = heap
         # the heap in use holds the storages counted outside file mappings (all their bytes,
-        # resident or not) and what no part names
-        parts["heap_other"] = max(0, in_use - census.heap - census.absent)
+        # resident or not) and what no part names, of which at most what the resident figure
+        # leaves is in memory (buffers allocated but never touched, or discarded, are not)
+        rss_left = st.get("VmRSS", 0) - sum(parts.values())
+        parts["heap_other"] = max(0, min(in_use - census.heap - census.absent, rss_left))
         parts["allocator_free"] = min(free, max(0, st.get("VmRSS", 0) - sum(parts.values())))
     return Breakdown(parts, st.get("VmRSS", 0), st.get("VmHWM", 0))
