@@ -96,9 +96,9 @@ def preload_env() -> dict[str, str]:
 # oneDNN's caches of compiled kernels, each entry holding its JIT code and buffers (~1 MB): the
 # primitive cache and PyTorch's own (ideep's) LRU of matmul computations, 1,024 entries each by
 # default. A kernel is compiled per shape, and packed training batches have a new token count at
-# every micro-batch, so both fill over a run (~1 GB in a 2,048-token-bin SFT run, 20+ steps).
-# 64 entries hold every kernel one micro-batch's forward and backward reuse across its layers
-# (16 did not: 40% slower).
+# every micro-batch, so both fill over a run (about a gigabyte). 64 entries still hold every
+# kernel one micro-batch's forward and backward reuse across its layers; far fewer would compile
+# them again layer after layer (docs/results/training.md, "Memory of a long training step").
 KERNEL_CACHE_ENTRIES = 64
 _KERNEL_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 _KERNEL_CACHES_SET = "LONGHAUL_KERNEL_CACHES"  # the variables of _KERNEL_CACHES that longhaul set
@@ -276,8 +276,8 @@ _UNBOUNDED = ("off", "none", "inf")
 def free_limit() -> int | None:
     """Free heap a training process may hold between steps and micro-batches, in bytes:
     `LONGHAUL_MALLOC_FREE_GB` (GB), FREE_GB when unset, None (no bound) for off/none/inf.
-    Without a bound the kept heap grows over a run: steps of varying shapes free buffers the
-    next ones do not fit (a 100-step GRPO run under jemalloc held 20 GB free by step 18)."""
+    Without a bound the kept heap can grow step after step: steps of varying shapes free buffers
+    the next ones do not reuse (docs/results/training.md, "A 100-step run")."""
     v = os.environ.get("LONGHAUL_MALLOC_FREE_GB", "").strip().lower()
     if not v:
         return int(FREE_GB * 1e9)
