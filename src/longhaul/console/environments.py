@@ -15,9 +15,6 @@ from longhaul.envs import get_family
 from longhaul.errors import LonghaulError
 from longhaul.eval.envcheck import manifest_path
 
-# the fields of an entry the page shows, in order, with what the page calls them
-COUNTS = ("checked", "valid", "distinct_valid", "valid_fraction", "max_task_s", "runs")
-
 
 def _currency(name: str, checked_hash: str | None) -> str:
     """'current' when the family's code still hashes to what was checked, 'stale' when it

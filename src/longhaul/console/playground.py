@@ -10,6 +10,8 @@ request. Does not own the server or what it answers.
 
 from __future__ import annotations
 
+import json
+
 import httpx
 
 from longhaul.console.paths import ConsoleError
@@ -37,8 +39,7 @@ class Playground:
             try:
                 resp = await client.get(server + "/v1/models", headers=self.headers)
             except httpx.HTTPError as e:
-                raise ConsoleError(502, f"the server at {server} did not answer ({type(e).__name__}); is `longhaul serve` "
-                                        "running there?") from e
+                raise _unanswered(server, e) from e
         if resp.status_code != 200:
             raise ConsoleError(502, f"the server at {server} refused the model list: {_reason(resp.content, resp.status_code)}")
         return {"server": server, "models": [m.get("id") for m in resp.json().get("data", [])]}
@@ -61,8 +62,7 @@ class Playground:
                                                           headers=self.headers), stream=True)
         except httpx.HTTPError as e:
             await client.aclose()
-            raise ConsoleError(502, f"the server at {server} did not answer ({type(e).__name__}); is `longhaul serve` "
-                                    "running there?") from e
+            raise _unanswered(server, e) from e
         if resp.status_code != 200:
             content = await resp.aread()
             await resp.aclose()
@@ -81,11 +81,13 @@ class Playground:
         return relay()
 
 
+def _unanswered(server: str, e: Exception) -> ConsoleError:
+    return ConsoleError(502, f"the server at {server} did not answer ({type(e).__name__}); is `longhaul serve` running there?")
+
+
 def _reason(content: bytes, status: int) -> str:
     """The server's own error line (OpenAI's {"error": {"message"}} or the console's {"error"}),
     else its status."""
-    import json
-
     try:
         err = json.loads(content).get("error")
     except (ValueError, AttributeError):
