@@ -46,8 +46,11 @@ from longhaul.errors import LonghaulError
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameter numbers (malloc.h)
 _done: bool | None = None
 # freed pages stay mapped (no decay); buffers of every size share the arenas (no oversize arena,
-# which would hand large buffers back at once)
-JEMALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1"
+# which would hand large buffers back at once); a free extent serves a request however much
+# larger it is (by default jemalloc reuses one only for requests of at least 1/64 of its size:
+# the buffers of a step, freed together, coalesce into extents of gigabytes that the next step's
+# buffers of a few MB could not use, so every step mapped new memory)
+JEMALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1,lg_extent_max_active_fit:30"
 _JEMALLOC = "libjemalloc.so.2"
 _ALL_ARENAS = 4096  # MALLCTL_ARENAS_ALL
 _PRELOADED = "LONGHAUL_MALLOC_PRELOADED"  # set in the environment of a process started again with jemalloc
