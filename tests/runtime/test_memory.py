@@ -171,3 +171,18 @@ def test_heap_allocated_but_not_resident_is_not_counted_as_resident():
     # uncapped, heap_other would grow by the whole 256 MB
     assert after.parts["heap_other"] - before.parts["heap_other"] < 0.75 * (256 << 20), (before.table(), after.table())
     del idle
+
+
+def test_the_sampler_part_holds_the_engine_s_packed_weights():
+    """The runner reaches itself through its weight table before its packed layers: a walk that
+    marked objects seen at a shallower depth stopped there and missed the packed weights."""
+    from longhaul.ops.linear import SmallBatchLinear
+    from longhaul.runtime.memory import _tensors
+
+    policy, tok = load_policy("tiny-llama")
+    engine = make_engine(policy, tok, "float32", max_model_len=256, num_kv_blocks=64)
+    runner = engine.runner
+    packed = {w.weight.untyped_storage().data_ptr() for row in runner._exec for w in row if isinstance(w, SmallBatchLinear)}
+    assert len(packed) == 4 * len(runner.layers) or runner.native is None
+    found = {t.untyped_storage().data_ptr() for t in _tensors({k: v for k, v in vars(runner).items() if k != "recorder"})}
+    assert packed <= found

@@ -39,12 +39,14 @@ PARTS = ("weights", "gradients", "optimizer", "reference", "sampler", "kv_pool",
          "heap_other", "allocator_free", "files")
 
 
-def _tensors(obj, depth: int = 4, seen: set | None = None):
-    """Every tensor reachable from `obj` through modules, containers and attributes, `depth` deep."""
-    seen = set() if seen is None else seen
-    if obj is None or id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool)):
+def _tensors(obj, depth: int = 4, seen: dict | None = None):
+    """Every tensor reachable from `obj` through modules, containers and attributes, `depth` deep
+    (an object met again is walked again only when more depth is left than the first time, so a
+    shallow path to it cannot hide what a deeper one reaches)."""
+    seen = {} if seen is None else seen
+    if obj is None or seen.get(id(obj), -1) >= depth or isinstance(obj, (str, bytes, int, float, bool)):
         return
-    seen.add(id(obj))
+    seen[id(obj)] = depth
     if isinstance(obj, torch.Tensor):
         yield obj
         return
