@@ -75,6 +75,7 @@ class LLMEngine:
         self.runner = ModelRunner(hf, self.kv, cfg.torch_dtype, cfg.device, max_positions=self.max_model_len)
         if cfg.quantization:
             self.runner.pack_weights(*_packers(cfg, self.runner, model if isinstance(model, (str, Path)) else None))
+        self.runner.drop_plain()  # the packed projections are all the engine keeps of them
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         self.vocab_size = self.runner.embed.shape[0]

@@ -79,9 +79,10 @@ def read_blocks(path: str | Path, config) -> dict[str, tuple[str, torch.Tensor, 
 def gguf_packer(runner, blocks: dict, dtype: torch.dtype):
     """A `ModelRunner.pack_weights` packer: each fused projection whose parts the file stores as
     blocks becomes one `BlockLinear` (parts concatenated by rows, as the runner fuses them); any
-    other weight goes to `linear.pack`."""
+    other weight goes to `linear.pack`. For a runner that still holds its plain weights (before
+    `ModelRunner.drop_plain`): the packer knows a fused tensor by identity."""
     parts: dict[int, dict[int, str]] = {}  # fused tensor -> first row -> the HF name there
-    for name, (tensor, r0, _) in sorted(runner._targets.items()):
+    for name, (tensor, r0, _) in sorted(runner.targets().items()):
         if name in blocks or r0 not in parts.get(id(tensor), {}):  # a tied head and embedding share rows
             parts.setdefault(id(tensor), {})[r0] = name
     made: dict[str, BlockLinear] = {}

@@ -1,7 +1,8 @@
 """The model runner: one forward of a Llama / Qwen2-family decoder over the paged KV cache.
 
 Owns the weights (copied out of the HF model into plain tensors: q/k/v fused into one matrix,
-gate/up into another, nothing shared with the HF module), the forward over a flat batch of new
+gate/up into another, nothing shared with the HF module; an engine then keeps only the packed
+form of its projections, `drop_plain`), the forward over a flat batch of new
 tokens (every sequence's new tokens laid end to end, no padding in the linear layers),
 attention over the paged cache with PyTorch SDPA, and logits at the requested positions only.
 In fp32 or bf16 on a CPU where `kernels.native()` builds, decode attention reads the blocks in place
@@ -47,7 +48,7 @@ import torch.nn.functional as F
 from longhaul.errors import LonghaulError
 from longhaul.inference.kv_cache import KVCache
 from longhaul.ops.kernels import native
-from longhaul.ops.linear import linear, native_layers, pack
+from longhaul.ops.linear import PackedLinear, SmallBatchLinear, SmallBatchLinearBF16, linear, native_layers, pack
 from longhaul.ops.rope import Rope, apply_rope
 
 SUPPORTED = ("llama", "qwen2")
@@ -83,6 +84,22 @@ class _Layer:
     __slots__ = ("ln1", "qkv", "qkv_b", "o", "o_b", "ln2", "gate_up", "gate_up_b", "down", "down_b")
 
 
+# a layer's projections -> where their packed form and bias sit in its `_exec` row
+_PROJECTIONS = {"qkv": 1, "o": 3, "gate_up": 6, "down": 8}
+
+
+def _unpackable(w) -> bool:
+    return isinstance(w, (PackedLinear, SmallBatchLinear, SmallBatchLinearBF16))
+
+
+def _unpack(w) -> torch.Tensor:
+    """The plain weight (M, K) of a packed float linear without a bias, read back exactly: each
+    output of w(I) sums one product with 1.0 and zeros."""
+    if not _unpackable(w):
+        raise LonghaulError(f"a {type(w).__name__} weight cannot be read back; rebuild the engine to change its weights")
+    return w(torch.eye(w.in_features, dtype=w.dtype)).t().contiguous()
+
+
 class ModelRunner:
     """Weights and forward of one model; `kv` is the paged cache it reads and writes."""
 
@@ -113,76 +130,136 @@ class ModelRunner:
     def _t(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(device=self.device, dtype=self.dtype, copy=True).contiguous()
 
-    def _fuse(self, sd: dict[str, torch.Tensor], *names: str) -> torch.Tensor | None:
-        """The named HF tensors stacked by rows into one plain tensor (None if absent), with
-        each name's rows recorded for `load_weights`."""
+    def _fuse(self, sd: dict[str, torch.Tensor], holder, attr: str, *names: str) -> None:
+        """Set `holder.attr` to the named HF tensors stacked by rows into one plain tensor (None
+        if absent), with each name's rows recorded for `load_weights`."""
         parts = [sd[n] for n in names if n in sd]
-        if not parts:
-            return None
-        if len(parts) != len(names):
+        if parts and len(parts) != len(names):
             raise LonghaulError(f"model has only some of {', '.join(names)}; the engine needs all or none of a fused group")
-        fused, row = self._t(torch.cat(parts)), 0
+        setattr(holder, attr, self._t(torch.cat(parts)) if parts else None)
+        row = 0
         for name, part in zip(names, parts):
-            self._targets[name] = (fused, row, row + part.shape[0])
+            self._targets[name] = (holder, attr, row, row + part.shape[0])
             row += part.shape[0]
-        return fused
 
     def _load(self, sd: dict[str, torch.Tensor]) -> None:
-        self._targets: dict[str, tuple[torch.Tensor, int, int]] = {}  # HF name -> (tensor, first row, end row)
-        self.embed = self._fuse(sd, "model.embed_tokens.weight")
-        self.norm = self._fuse(sd, "model.norm.weight")
+        self._targets: dict[str, tuple[object, str, int, int]] = {}  # HF name -> (holder, attribute, first row, end row)
+        self._fuse(sd, self, "embed", "model.embed_tokens.weight")
+        self._fuse(sd, self, "norm", "model.norm.weight")
         if getattr(self.config, "tie_word_embeddings", False) or "lm_head.weight" not in sd:
             self.lm_head = self.embed
             self._targets["lm_head.weight"] = self._targets["model.embed_tokens.weight"]
         else:
-            self.lm_head = self._fuse(sd, "lm_head.weight")
+            self._fuse(sd, self, "lm_head", "lm_head.weight")
         self.layers: list[_Layer] = []
         for i in range(self.config.num_hidden_layers):
             a, m, L = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp.", _Layer()
-            L.ln1 = self._fuse(sd, f"model.layers.{i}.input_layernorm.weight")
-            L.ln2 = self._fuse(sd, f"model.layers.{i}.post_attention_layernorm.weight")
-            L.qkv = self._fuse(sd, *(f"{a}{x}_proj.weight" for x in "qkv"))
-            L.qkv_b = self._fuse(sd, *(f"{a}{x}_proj.bias" for x in "qkv"))
-            L.o, L.o_b = self._fuse(sd, a + "o_proj.weight"), self._fuse(sd, a + "o_proj.bias")
-            L.gate_up = self._fuse(sd, m + "gate_proj.weight", m + "up_proj.weight")
-            L.gate_up_b = self._fuse(sd, m + "gate_proj.bias", m + "up_proj.bias")
-            L.down, L.down_b = self._fuse(sd, m + "down_proj.weight"), self._fuse(sd, m + "down_proj.bias")
+            self._fuse(sd, L, "ln1", f"model.layers.{i}.input_layernorm.weight")
+            self._fuse(sd, L, "ln2", f"model.layers.{i}.post_attention_layernorm.weight")
+            self._fuse(sd, L, "qkv", *(f"{a}{x}_proj.weight" for x in "qkv"))
+            self._fuse(sd, L, "qkv_b", *(f"{a}{x}_proj.bias" for x in "qkv"))
+            self._fuse(sd, L, "o", a + "o_proj.weight")
+            self._fuse(sd, L, "o_b", a + "o_proj.bias")
+            self._fuse(sd, L, "gate_up", m + "gate_proj.weight", m + "up_proj.weight")
+            self._fuse(sd, L, "gate_up_b", m + "gate_proj.bias", m + "up_proj.bias")
+            self._fuse(sd, L, "down", m + "down_proj.weight")
+            self._fuse(sd, L, "down_b", m + "down_proj.bias")
             self.layers.append(L)
+        self._lean = False  # `drop_plain` was called: packed projections keep no plain copy
 
     def pack_weights(self, packer=None, head_packer=None) -> None:
         """Build what the forward calls from the plain weights. `packer(w, b) -> (callable or
         tensor, bias left to add)` turns each projection into its executable form: by default
         `linear.pack` (the native or oneDNN-prepacked linears on CPU, the tensor itself otherwise), or e.g.
         `quant.quantize_linear` for INT8 linears. `head_packer` does the same for the LM head
-        (default `linear.pack`). Both are kept, so `load_weights` re-packs the same way."""
+        (default `linear.pack`). Both are kept, so `load_weights` re-packs the same way. A
+        projection whose plain copy was dropped (`drop_plain`) keeps its packed form, or, for a
+        new packer, is unpacked first."""
+        new = packer is not None
         self._packer = packer = packer or getattr(self, "_packer", None) or pack
         self._head_packer = head_packer = head_packer or getattr(self, "_head_packer", None) or pack
-        self._exec = []
-        for L in self.layers:
-            qkv, qkv_b = packer(L.qkv, L.qkv_b)
-            o, o_b = packer(L.o, L.o_b)
-            gate_up, gate_up_b = packer(L.gate_up, L.gate_up_b)
-            down, down_b = packer(L.down, L.down_b)
-            self._exec.append((L.ln1, qkv, qkv_b, o, o_b, L.ln2, gate_up, gate_up_b, down, down_b))
+        old, self._exec = getattr(self, "_exec", []), []
+        for i, L in enumerate(self.layers):
+            row = [L.ln1, None, None, None, None, L.ln2, None, None, None, None]
+            for attr, at in _PROJECTIONS.items():
+                w, b = getattr(L, attr), getattr(L, attr + "_b")
+                if w is None and old and not new:  # dropped and unchanged: its packed form stands
+                    row[at:at + 2] = old[i][at:at + 2]
+                    continue
+                row[at:at + 2] = packer(w if w is not None else _unpack(old[i][at]), b)
+            self._exec.append(tuple(row))
         self._lm_head = head_packer(self.lm_head, None)[0]
         described = native_layers(self._exec) if self.native is not None else None
         # (the layers parsed once for one-call decode steps, the most rows every linear takes natively)
         self._native_layers = (self.native.DecodeLayers(described[0]), described[1]) if described is not None else None
+        if self._lean:
+            self._drop()
+
+    def drop_plain(self) -> int:
+        """Keep only the packed form of each projection whose packing can be read back exactly
+        (the fp32 and bf16 packed linears, without a bias): the plain copy doubles the weights'
+        memory and is needed only to re-pack, which `load_weights` and `pack_weights` then do
+        from the new or unpacked weights. Stays in force through later packs. Returns the bytes
+        dropped."""
+        self._lean = True
+        return self._drop()
+
+    def _drop(self) -> int:
+        dropped = 0
+        for L, row in zip(self.layers, self._exec):
+            for attr, at in _PROJECTIONS.items():
+                w = getattr(L, attr)
+                if w is not None and row[at + 1] is None and getattr(L, attr + "_b") is None and _unpackable(row[at]):
+                    setattr(L, attr, None)
+                    dropped += w.numel() * w.element_size()
+        return dropped
+
+    def _plain(self, holder, attr: str) -> torch.Tensor | None:
+        """The plain weight at `holder.attr`, unpacked from its packed form where it was dropped."""
+        w = getattr(holder, attr)
+        if w is None and attr in _PROJECTIONS and holder in self.layers:
+            w = _unpack(self._exec[self.layers.index(holder)][_PROJECTIONS[attr]])
+        return w
+
+    def targets(self) -> dict[str, tuple[torch.Tensor, int, int]]:
+        """HF name -> (the plain fused tensor holding it, first row, end row); names fused into
+        one tensor share the tensor object. Dropped projections are unpacked for the call."""
+        plain: dict[tuple[int, str], torch.Tensor] = {}
+        out = {}
+        for name, (holder, attr, r0, r1) in self._targets.items():
+            key = (id(holder), attr)
+            if key not in plain:
+                plain[key] = self._plain(holder, attr)
+            out[name] = (plain[key], r0, r1)
+        return out
 
     @torch.no_grad()
     def load_weights(self, tensors: dict[str, torch.Tensor]) -> int:
         """Copy HF-named tensors into the runner's weights in place; returns how many were loaded.
 
         Unknown names (rotary buffers aside) are an error, so a renamed checkpoint cannot load
-        silently as a no-op. A partial dict updates only the named tensors.
+        silently as a no-op. A partial dict updates only the named tensors (a dropped projection
+        given in part is unpacked first, to keep its other rows).
         """
-        loaded = 0
+        got: dict[tuple[int, str], list] = {}  # (holder, attribute) -> [holder, rows given]
         for name, t in tensors.items():
             if name.endswith("rotary_emb.inv_freq"):
                 continue
             if name not in self._targets:
                 raise LonghaulError(f"weight {name!r} does not belong to this {self.config.model_type} model; pass HF parameter names")
-            dst, r0, r1 = self._targets[name]
+            holder, attr, r0, r1 = self._targets[name]
+            got.setdefault((id(holder), attr), [holder, 0])[1] += r1 - r0
+        for (_, attr), (holder, rows) in got.items():
+            if getattr(holder, attr) is None:  # dropped: a buffer to load into, then packed again
+                at = self._exec[self.layers.index(holder)][_PROJECTIONS[attr]]
+                whole = rows >= at.out_features
+                setattr(holder, attr, torch.empty((at.out_features, at.in_features), dtype=at.dtype) if whole else _unpack(at))
+        loaded = 0
+        for name, t in tensors.items():
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            holder, attr, r0, r1 = self._targets[name]
+            dst = getattr(holder, attr)
             if not isinstance(dst, torch.Tensor):
                 raise LonghaulError(f"weight {name!r} is quantized in this engine; rebuild the engine to load new weights")
             if tuple(t.shape) != (r1 - r0, *dst.shape[1:]):

@@ -113,7 +113,7 @@ class RolloutActivations:
         if is_lora(model) or not self._steps or self.overflow:
             return False
         params = dict(model.named_parameters(remove_duplicate=False))  # tied names too (lm_head.weight)
-        for name, (dst, r0, r1) in self.runner._targets.items():
+        for name, (dst, r0, r1) in self.runner.targets().items():
             p = params.get(name)
             if p is None or not isinstance(dst, torch.Tensor) or p.dtype != torch.float32 or not torch.equal(dst[r0:r1], p.detach()):
                 return False
