@@ -29,8 +29,10 @@ A differentiable forward of more than `CHECKPOINT_ROWS` flat rows keeps only eac
 and recomputes the layer in the backward (activation checkpointing): SmolLM2's 30 layers hold
 about a megabyte of activations a token (bf16 autocast and LoRA add copies), so a GRPO
 micro-batch of two 2,000-token episodes would hold ~4 GB, against ~0.3 GB of layer inputs and
-one layer's worth here, for one more forward of the layers (~6% of a GRPO step's training
-micro-batches, measured). Attention over long rows runs in tiles (`tiled_attention`).
+one layer's worth here, for one more forward of the layers. The threshold is low (256 rows):
+even the quickstart's micro-batches of two prompts with eight short completions each (~900
+rows) would hold ~1 GB, which was most of that job's peak above what it holds between steps.
+Attention over long rows runs in tiles (`tiled_attention`).
 
 Numerics: the same operations as HF's eager/SDPA Llama (RMSNorm in fp32 by `F.rms_norm`, or in
 fp32 on CPU by the native kernels' forward and backward, equal to rounding; HF's
@@ -55,7 +57,7 @@ from longhaul.rl.packed_native import NativeSwiGLU, kernels_for, native_attentio
 from longhaul.rl.tiled_attention import packed_sdpa, worth_tiling
 
 SUPPORTED = ("llama", "qwen2")
-CHECKPOINT_ROWS = 1024  # a differentiable forward of more flat rows than this recomputes each layer in backward
+CHECKPOINT_ROWS = 256  # a differentiable forward of more flat rows than this recomputes each layer in backward
 
 
 @dataclass
