@@ -63,6 +63,18 @@ def test_metrics_come_incrementally_and_a_corrupt_line_is_a_warning(client, root
     assert [r["step"] for r in paged["rows"]] == [1, 2] and paged["more"] and paged["next"] == 2
 
 
+def test_a_diverged_metric_is_served_as_missing_with_a_warning(client, root):
+    """Python's json writes NaN and Infinity (a loss that diverged); JSON has no such values, so
+    they go out as null, the line's other values intact, and a warning names them."""
+    with (root / "grpo-tiny" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 7, "loss": NaN, "reward": 0.5, "kl": {"max": -Infinity}}\n')
+    got = client.get("/api/runs/grpo-tiny/metrics?after=6")
+    assert got.status_code == 200
+    body = got.json()
+    assert body["rows"] == [{"step": 7, "loss": None, "reward": 0.5, "kl": {"max": None}, "_line": 7}]
+    assert body["warnings"] == ["metrics.jsonl line 7: not a finite number: loss (nan), kl.max (-inf); shown as missing"]
+
+
 def test_a_rewritten_metrics_file_resets_the_reader(client, root):
     assert client.get("/api/runs/live/metrics").json()["next"] == 2
     MetricsLog(root / "live", tensorboard=False, resume_step=1)  # a resume drops the steps it will redo

@@ -107,7 +107,9 @@ def create_app(runs_dir: Path, token: str | None = None, manifest: Path | None =
 
     @app.get("/api/runs/{run:path}/metrics", dependencies=api)
     def metrics(run: str, after: int = Query(0, ge=0), limit: int = Query(5000, ge=1, le=50000)):
-        return runs.metrics(run, after, limit)
+        # plain JSON values already: serialised as they are, without FastAPI's walk over every
+        # value (most of the time of a page of thousands of rows)
+        return JSONResponse(runs.metrics(run, after, limit))
 
     @app.get("/api/runs/{run:path}/eval", dependencies=api)
     def evaluation(run: str):

@@ -13,6 +13,7 @@ exception); not what the rows mean.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from pathlib import Path
@@ -73,8 +74,25 @@ def parse_lines(lines: list[bytes], first: int, name: str) -> tuple[list[tuple[i
         if not isinstance(obj, dict):
             warnings.append(f"{name} line {n} is not a JSON object; skipped it")
             continue
+        if b"NaN" in raw or b"Infinity" in raw:  # Python's json writes them; JSON itself has no such values
+            bad: list[str] = []
+            obj = _finite(obj, "", bad)
+            if bad:
+                warnings.append(f"{name} line {n}: not a finite number: {', '.join(bad)}; shown as missing")
         rows.append((n, obj))
     return rows, warnings
+
+
+def _finite(v, key: str, bad: list[str]):
+    """v with every NaN or infinity replaced by None, the keys (or paths) that held one added to `bad`."""
+    if isinstance(v, float) and not math.isfinite(v):
+        bad.append(f"{key or 'the value'} ({v})")
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x, f"{key}.{k}" if key else str(k), bad) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_finite(x, f"{key}[{i}]", bad) for i, x in enumerate(v)]
+    return v
 
 
 class JsonlCache:
