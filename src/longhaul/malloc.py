@@ -195,19 +195,20 @@ def _resident() -> int:
 def bound_free_heap(limit: int) -> int:
     """When the heap holds more than `limit` bytes free and resident, hand its free pages back to
     the OS (glibc's `malloc_trim`, jemalloc's purge of every arena). Returns the bytes anonymous
-    resident memory fell by (0: nothing done). Resident free heap is read as anonymous resident
-    memory less the heap in use, an over-estimate by what sits outside the heap (Python's object
-    arenas, thread stacks): free chunks already handed back stay in glibc's free count, so that
-    count alone would trim at every call after the first."""
+    resident memory fell by (0: nothing done). jemalloc counts its free pages exactly. Under
+    glibc, resident free heap is read as anonymous resident memory less the heap in use, an
+    over-estimate by what sits outside the heap (Python's object arenas, thread stacks): free
+    chunks already handed back stay in glibc's free count, so that count alone would trim at
+    every call after the first."""
     held = heap()
     if held is None or held[1] <= limit:
         return 0
     before = _resident()
-    if before - held[0] <= limit:
-        return 0
     mallctl = _mallctl()
     if mallctl is not None:
         mallctl(f"arena.{_ALL_ARENAS}.purge".encode(), None, None, None, 0)
+    elif before - held[0] <= limit:
+        return 0
     else:
         _libc().malloc_trim(ctypes.c_size_t(0))
     return max(0, before - _resident())
@@ -279,8 +280,9 @@ _UNBOUNDED = ("off", "none", "inf")
 def free_limit() -> int | None:
     """Free heap a training process may hold between steps and micro-batches, in bytes:
     `LONGHAUL_MALLOC_FREE_GB` (GB), FREE_GB when unset, None (no bound) for off/none/inf.
-    Without a bound the kept heap can grow step after step: steps of varying shapes free buffers
-    the next ones do not reuse (docs/results/training.md, "A 100-step run")."""
+    The bound keeps a process within what its steps need should its freed buffers stop fitting
+    what the next steps ask for (with jemalloc's default fit rule a run's free heap grew ~1 GB a
+    step that way: docs/results/training.md, "A 100-step run")."""
     v = os.environ.get("LONGHAUL_MALLOC_FREE_GB", "").strip().lower()
     if not v:
         return int(FREE_GB * 1e9)

@@ -25,7 +25,7 @@ import traceback
 from longhaul.config import RunConfig
 from longhaul.cpus import available_cpus
 from longhaul.inference.engine import LLMEngine
-from longhaul.malloc import keep_freed_memory
+from longhaul.malloc import bound_free_heap, free_limit, keep_freed_memory
 from longhaul.rl.grpo import frozen_copy
 from longhaul.runtime.notice import leave_to_the_parent
 from longhaul.runtime.pool import WorkerPool, policy_tensors
@@ -102,9 +102,16 @@ class InlineRollouts:
 
     def training(self, busy: bool) -> None:
         """While the trainer updates, the engine's KV pool hands its pages back (`LLMEngine.sleep`):
-        rollouts here run only between updates, so the pool idles through every update."""
+        rollouts here run only between updates, so the pool idles through every update. After the
+        update, the allocator's free pages (the update's freed buffers, idle until the next one)
+        go back too when they and the pool's pages, about to return, would pass the free-heap
+        bound (`malloc.free_limit`): one phase's memory at a time, not both."""
         if busy and isinstance(self.sampler, LLMEngine):
             self.kv_slept = self.sampler.sleep()
+        elif not busy and self.kv_slept:
+            limit = free_limit()
+            if limit is not None:
+                bound_free_heap(max(0, limit - self.kv_slept))
 
     def close(self) -> None:
         pass
