@@ -61,11 +61,11 @@ def engine(results: Path) -> str:
     return table(["dtype", "batch", "longhaul tok/s", "HF `generate`", "vs HF", "vLLM-CPU", "vs vLLM-CPU"], rows)
 
 
-def decode(results: Path) -> str:
+def decode(results: Path, name: str = "decode.json") -> str:
     names = {"bfloat16": "bf16", "float32": "fp32", "int8": "int8 (per channel)", "q8_0": "Q8_0 (at load)", "q4_0": "Q4_0 (at load)",
              "gguf": "Q4_1 (the GGUF file)", "bfloat16-onednn": "bf16, oneDNN linears", "int8-torch": "int8, torch's int8 matmul"}
     rows = []
-    for r in load(results, "decode.json")["rows"]:
+    for r in load(results, name)["rows"]:
         theirs = r["llamacpp_tok_s"]
         if theirs is None and r.get("llamacpp_tg128_b1"):
             theirs_s, ratio = f"{r['llamacpp_tg128_b1']:.1f} (tg128)", f"{r['ours_tok_s'] / r['llamacpp_tg128_b1']:.2f}x"
@@ -74,6 +74,10 @@ def decode(results: Path) -> str:
         share = f"{100 * r['share_of_b1_limit']:.0f}% of {r['b1_limit_tok_s']:.0f}" if "share_of_b1_limit" in r else ""
         rows.append([f"{names[r['dtype']]} / {r['llamacpp_weights']}", r["batch_size"], f"{r['ours_tok_s']:.1f}", theirs_s, ratio, share])
     return table(["ours / llama.cpp weights", "batch", "ours tok/s", "llama.cpp tok/s", "ratio", "b1: share of the weight-streaming limit"], rows)
+
+
+def decode_zen4(results: Path) -> str:
+    return decode(results, "decode_zen4.json")
 
 
 def quant_quality(results: Path) -> str:
@@ -239,7 +243,7 @@ def agent_rollout(results: Path) -> str:
             f"{d['repeats']}; host: {d['host']}.\n")
 
 
-TABLES = {f.__name__: f for f in (agent_demo, agent_rollout, decode, engine, quant_quality, rl_step, rl_step_phases, sandbox_throughput, envcheck, contention,
+TABLES = {f.__name__: f for f in (agent_demo, agent_rollout, decode, decode_zen4, engine, quant_quality, rl_step, rl_step_phases, sandbox_throughput, envcheck, contention,
                                    async_vs_sync, async_scale, serve_load, serve_engine_process, scheduler_sim, scheduler_load)}
 
 

@@ -282,7 +282,7 @@ def free_limit() -> int | None:
     `LONGHAUL_MALLOC_FREE_GB` (GB), FREE_GB when unset, None (no bound) for off/none/inf.
     The bound keeps a process within what its steps need should its freed buffers stop fitting
     what the next steps ask for (with jemalloc's default fit rule a run's free heap grew ~1 GB a
-    step that way: docs/results/training.md, "A 100-step run")."""
+    step that way: docs/results/training.md, "The single-turn quickstart")."""
     v = os.environ.get("LONGHAUL_MALLOC_FREE_GB", "").strip().lower()
     if not v:
         return int(FREE_GB * 1e9)
