@@ -280,9 +280,8 @@ _UNBOUNDED = ("off", "none", "inf")
 def free_limit() -> int | None:
     """Free heap a training process may hold between steps and micro-batches, in bytes:
     `LONGHAUL_MALLOC_FREE_GB` (GB), FREE_GB when unset, None (no bound) for off/none/inf.
-    The bound keeps a process within what its steps need should its freed buffers stop fitting
-    what the next steps ask for (with jemalloc's default fit rule a run's free heap grew ~1 GB a
-    step that way: docs/results/training.md, "The single-turn quickstart")."""
+    The bound caps what a process keeps should its freed buffers stop fitting what later steps
+    ask for (docs/results/training.md, "The single-turn quickstart")."""
     v = os.environ.get("LONGHAUL_MALLOC_FREE_GB", "").strip().lower()
     if not v:
         return int(FREE_GB * 1e9)

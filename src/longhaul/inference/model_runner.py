@@ -209,7 +209,7 @@ class ModelRunner:
         for L, row in zip(self.layers, self._exec):
             for attr, at in _PROJECTIONS.items():
                 w = getattr(L, attr)
-                if w is not None and row[at + 1] is None and getattr(L, attr + "_b") is None and _unpackable(row[at]):
+                if w is not None and getattr(L, attr + "_b") is None and _unpackable(row[at]):
                     setattr(L, attr, None)
                     dropped += w.numel() * w.element_size()
         return dropped

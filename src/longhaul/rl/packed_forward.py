@@ -30,8 +30,8 @@ and recomputes the layer in the backward (activation checkpointing): SmolLM2's 3
 about a megabyte of activations a token (bf16 autocast and LoRA add copies), so a GRPO
 micro-batch of two 2,000-token episodes would hold ~4 GB, against ~0.3 GB of layer inputs and
 one layer's worth here, for one more forward of the layers. The threshold is low (256 rows):
-even the quickstart's micro-batches of two prompts with eight short completions each (~900
-rows) would hold ~1 GB, which was most of that job's peak above what it holds between steps.
+even a micro-batch of two prompts with eight short completions each (~900 rows) would hold ~1
+GB, a quarter again of what a full fine-tuning run of this model holds between steps.
 Attention over long rows runs in tiles (`tiled_attention`).
 
 Numerics: the same operations as HF's eager/SDPA Llama (RMSNorm in fp32 by `F.rms_norm`, or in
