@@ -214,11 +214,15 @@ class ModelRunner:
                     dropped += w.numel() * w.element_size()
         return dropped
 
+    def _packed(self, holder: _Layer, attr: str):
+        """The packed form of layer `holder`'s projection `attr`."""
+        return self._exec[self.layers.index(holder)][_PROJECTIONS[attr]]
+
     def _plain(self, holder, attr: str) -> torch.Tensor | None:
         """The plain weight at `holder.attr`, unpacked from its packed form where it was dropped."""
         w = getattr(holder, attr)
         if w is None and attr in _PROJECTIONS and holder in self.layers:
-            w = _unpack(self._exec[self.layers.index(holder)][_PROJECTIONS[attr]])
+            w = _unpack(self._packed(holder, attr))
         return w
 
     def targets(self) -> dict[str, tuple[torch.Tensor, int, int]]:
@@ -251,7 +255,7 @@ class ModelRunner:
             got.setdefault((id(holder), attr), [holder, 0])[1] += r1 - r0
         for (_, attr), (holder, rows) in got.items():
             if getattr(holder, attr) is None:  # dropped: a buffer to load into, then packed again
-                at = self._exec[self.layers.index(holder)][_PROJECTIONS[attr]]
+                at = self._packed(holder, attr)
                 whole = rows >= at.out_features
                 setattr(holder, attr, torch.empty((at.out_features, at.in_features), dtype=at.dtype) if whole else _unpack(at))
         loaded = 0
