@@ -137,6 +137,10 @@ def test_a_stream_the_client_leaves_is_aborted_in_the_engine_process(served):
     before = aborts()
     with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=30) as resp:
         next(resp.iter_lines())  # one chunk, then hang up
+    gauges = dict(line.rsplit(" ", 1) for line in httpx.get(base + "/metrics", timeout=30).text.splitlines()
+                  if line.startswith(("longhaul:engine_threads", "longhaul:thread_switches_total")))
+    threads = next(float(v) for k, v in gauges.items() if k.startswith("longhaul:engine_threads"))
+    assert 1 <= threads <= os.cpu_count() and any(k.startswith("longhaul:thread_switches_total") for k in gauges)
     wait_until(lambda: aborts() == before + 1 and not eng.has_unfinished_requests() and loop.num_active == 0, interval=0.05,
                what="the abort to reach the engine process and come back")
 

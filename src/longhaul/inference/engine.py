@@ -92,6 +92,7 @@ class LLMEngine:
         self._paused = False
         self.spec = None  # a spec_worker.SpecDecoder takes over forward + sample when set
         self.threads = ThreadGovernor() if cfg.adaptive_threads else None  # intra-op threads from measured step times
+        self.step_threads = 0  # the intra-op thread count the last step ran with
         if speculative_config is not None:
             sc = speculative_config if isinstance(speculative_config, SpeculativeConfig) else SpeculativeConfig(**speculative_config)
             self.spec = SpecDecoder(self, sc)
@@ -162,8 +163,8 @@ class LLMEngine:
             if not batch:
                 return []
             threads = self.threads
-            if threads is not None:
-                threads.begin((len(batch.seqs), sum(batch.num_new_tokens)))
+            self.step_threads = threads.begin((len(batch.seqs), sum(batch.num_new_tokens))) if threads is not None \
+                else torch.get_num_threads()
             try:
                 return self._run(batch)
             finally:
@@ -315,6 +316,8 @@ class LLMEngine:
             "num_preemptions_total": self.scheduler.num_preemptions_total,
             "num_recomputed_total": self.scheduler.num_recomputed_total,
             "weight_version": self.weight_version,
+            "engine_threads": self.step_threads,  # intra-op threads of the last step (0: none yet)
+            "thread_switches_total": self.threads.switches if self.threads is not None else 0,
         }
 
 

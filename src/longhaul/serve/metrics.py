@@ -37,7 +37,8 @@ class _EngineCollector:
         spec = eng.spec.stats() if eng.spec is not None else {}
         gauges = {"num_requests_running": (s["num_requests_running"], "Requests in the running batch."),
                   "num_requests_waiting": (s["num_requests_waiting"] + self.loop.num_pending, "Requests waiting to be scheduled."),
-                  "kv_cache_usage_perc": (s["kv_cache_usage_perc"], "KV-cache usage, 1 = full.")}
+                  "kv_cache_usage_perc": (s["kv_cache_usage_perc"], "KV-cache usage, 1 = full."),
+                  "engine_threads": (s["engine_threads"], "Intra-op threads of the engine's last step.")}
         for name, (value, doc) in gauges.items():
             g = GaugeMetricFamily(f"longhaul:{name}", doc, labels=["model_name"])
             g.add_metric([self.model_name], float(value))
@@ -47,6 +48,7 @@ class _EngineCollector:
                     "prompt_tokens": (s["prompt_tokens_total"], "Prefilled prompt tokens."),
                     "generation_tokens": (s["generation_tokens_total"], "Generated tokens."),
                     "num_preemptions": (s["num_preemptions_total"], "Preemptions by recompute."),
+                    "thread_switches": (s["thread_switches_total"], "Changes of the engine's intra-op thread count."),
                     "spec_decode_num_draft_tokens": (spec.get("spec_decode_num_draft_tokens", 0), "Drafted tokens."),
                     "spec_decode_num_accepted_tokens": (spec.get("spec_decode_num_accepted_tokens", 0), "Accepted drafts.")}
         for name, (value, doc) in counters.items():
