@@ -6,7 +6,8 @@ tokens a sequence (sampling at T=1, `ignore_eos`, the prompts of `longhaul bench
 the thread governor on (the default) and off (a fixed thread count: the cores torch sees), and
 once with one thread as the floor to compare against. Throughput is generated tokens over the
 wall time of the `generate` call, prefill included; each figure is the median of `--repeats`
-runs after one warm-up (the median, not the best: contention is what is measured).
+runs after one warm-up (the median, not the best: contention is what is measured), the three
+modes taking turns run by run.
 
     python benchmarks/contention.py [--dtypes float32,bfloat16] [--batches 1,8,32] [--tokens 128]
 
@@ -51,15 +52,12 @@ def busy(n: int):
             p.wait()
 
 
-def tok_s(engine: LLMEngine, prompts, tokens: int, repeats: int) -> float:
-    rates = []
-    for r in range(repeats):
-        engine.flush_prefix_cache()
-        params = [SamplingParams(temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=r * 1000 + i) for i in range(len(prompts))]
-        t = time.perf_counter()
-        n = sum(len(o.token_ids) for o in engine.generate(prompts, params))
-        rates.append(n / (time.perf_counter() - t))
-    return statistics.median(rates)
+def tok_s(engine: LLMEngine, prompts, tokens: int, seed: int) -> float:
+    engine.flush_prefix_cache()
+    params = [SamplingParams(temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=seed * 1000 + i) for i in range(len(prompts))]
+    t = time.perf_counter()
+    n = sum(len(o.token_ids) for o in engine.generate(prompts, params))
+    return n / (time.perf_counter() - t)
 
 
 def host() -> str:
@@ -89,13 +87,16 @@ def run(model: str, dtypes: list[str], batches: list[int], loads: list[int], tok
             with busy(load):
                 for b in batches:
                     row = {"dtype": dtype, "batch_size": b, "busy_processes": load}
+                    governor, rates = ThreadGovernor(), {m: [] for m in MODES}
+                    for r in range(repeats):  # the modes take turns, so that a drift in the host's speed hits each alike
+                        for mode in MODES:
+                            engine.threads = governor if mode == "governed" else None
+                            torch.set_num_threads(1 if mode == "one_thread" else cores)
+                            rates[mode].append(tok_s(engine, prompts[:b], tokens, r))
+                            torch.set_num_threads(cores)
                     for mode in MODES:
-                        engine.threads = ThreadGovernor() if mode == "governed" else None
-                        torch.set_num_threads(1 if mode == "one_thread" else cores)
-                        row[mode] = round(tok_s(engine, prompts[:b], tokens, repeats), 1)
-                        if mode == "governed":
-                            row["governor_choice"] = engine.threads.choice
-                    torch.set_num_threads(cores)
+                        row[mode] = round(statistics.median(rates[mode]), 1)
+                    row["governor_choice"] = governor.choice
                     rows.append(row)
                     print(f"{dtype:9s} b{b:<3d} busy {load}: " + "  ".join(f"{m} {row[m]:7.1f}" for m in MODES), flush=True)
     alone = {(r["dtype"], r["batch_size"]): r for r in rows if r["busy_processes"] == 0}

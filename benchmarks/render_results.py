@@ -158,9 +158,12 @@ def serve_load(results: Path) -> str:
                          f"{r['tokens_per_s'] / v['tokens_per_s']:.2f}x" if v else "",
                          f"{r['ttft_p50']:.2f} / {r['ttft_p99']:.2f} s", f"{v['ttft_p50']:.2f} / {v['ttft_p99']:.2f} s" if v else "",
                          f"{r['e2e_p50']:.2f} / {r['e2e_p99']:.2f} s", f"{v['e2e_p50']:.2f} / {v['e2e_p99']:.2f} s" if v else ""])
+        one = next((r for r in run["longhaul"] if r["clients"] == 1), None)
+        alone = (f"\nThe engine alone at batch 1: {run['engine_batch1_tok_s']:.1f} tok/s; one client streams "
+                 f"{one['tokens_per_s'] / run['engine_batch1_tok_s']:.2f}x of it.\n") if one and run.get("engine_batch1_tok_s") else ""
         out.append(f"{DTYPE[dtype]} ({run['when']}):\n\n" + table(
             ["clients", "longhaul tok/s", "vLLM-CPU tok/s", "ratio", "TTFT p50 / p99 (ours)", "TTFT p50 / p99 (vLLM)",
-             "e2e p50 / p99 (ours)", "e2e p50 / p99 (vLLM)"], rows))
+             "e2e p50 / p99 (ours)", "e2e p50 / p99 (vLLM)"], rows) + alone)
     return "\n".join(out)
 
 

@@ -9,7 +9,8 @@ vLLM's `min_tokens` / `ignore_eos`). Prints a table (ours, vLLM, ratios) and wri
 benchmarks/results/serve_load.json atomically (one entry per --dtype, both servers in that
 dtype). Bounded: C*R requests per level and --max-seconds per level. Then, with the servers
 stopped, the engine alone (built as the server builds it) generates one request like the
-client's at batch 1: the rate one streaming client can at best see (`engine_batch1_tok_s`).
+client's at batch 1 (the median of 5 runs): the rate one streaming client can expect at best
+(`engine_batch1_tok_s`).
 Run it under the shared CPU lock:
 
     flock /tmp/longhaul-cpu.lock .venv/bin/python benchmarks/serve_load.py --client PATH --requests 4
@@ -22,6 +23,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,9 +94,10 @@ def run_server(label: str, cmd: list[str], env: dict, ready_path: str, port: int
     return rows
 
 
-def engine_batch1(model: str, dtype: str, tokens: int, threads: int | None, repeats: int = 3) -> float:
+def engine_batch1(model: str, dtype: str, tokens: int, threads: int | None, repeats: int = 5) -> float:
     """Tokens/s of the server's engine alone for one request like the load client's (its chat
-    prompt, exactly `tokens` new tokens), prefill included; the best of `repeats` runs."""
+    prompt, exactly `tokens` new tokens), prefill included; the median of `repeats` runs, as the
+    client's figure is a mean over its requests rather than its best."""
     from longhaul.inference.sampling import SamplingParams
     from longhaul.serve.config import ServeConfig
     from longhaul.serve.engine_core import build_engine
@@ -106,13 +109,13 @@ def engine_batch1(model: str, dtype: str, tokens: int, threads: int | None, repe
     ids = render(tok, ChatCompletionRequest.model_validate({"messages": msgs}))  # the prompt the server makes of it
     params = SamplingParams(max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=1.0, seed=0)
     eng.generate([ids], params)  # warm-up
-    best = 0.0
+    rates = []
     for _ in range(repeats):
         eng.flush_prefix_cache()
         t = time.perf_counter()
         n = len(eng.generate([ids], params)[0].token_ids)
-        best = max(best, n / (time.perf_counter() - t))
-    return best
+        rates.append(n / (time.perf_counter() - t))
+    return statistics.median(rates)
 
 
 def table(ours: list[dict], vllm: list[dict], label: str = "longhaul") -> str:
