@@ -22,6 +22,8 @@ sandbox_app = typer.Typer(no_args_is_help=True, help="Run commands in the sandbo
 app.add_typer(sandbox_app, name="sandbox")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks with results written to benchmarks/results/.")
 app.add_typer(bench_app, name="bench")
+scene_app = typer.Typer(no_args_is_help=True, help="Look at scene3d scenes.")
+app.add_typer(scene_app, name="scene")
 
 
 @app.command()
@@ -404,6 +406,19 @@ def console_cmd(
     if serve is not None and not serve.startswith(("http://", "https://")):
         raise LonghaulError(f"--serve {serve!r} is not an http(s) URL; pass e.g. http://127.0.0.1:8000")
     run_console(Path(runs), host, port, token, serve, serve_key)
+
+
+@scene_app.command("render")
+def scene_render(
+    dir_or_task: str = typer.Argument(..., metavar="DIR_OR_TASK", help="a project folder (index.html + scene.json), a scene.json, or a task id scene3d/v<version>/d<difficulty>/<seed>"),
+    out: str = typer.Option(..., "--out", help="the PNG to write (640x480)"),
+    solved: bool = typer.Option(False, "--solved", help="a task id: the world after its reference solution, not its start"),
+    time_s: float = typer.Option(0.0, "--time", min=0.0, help="seconds to advance the scene's clock (animation, physics, scripts) before the shot"),
+):
+    """Save a PNG of a scene3d scene as the headless browser renders it."""
+    from longhaul.envs.scene3d.render import render_target
+
+    print(render_target(dir_or_task, Path(out), solved, time_s))
 
 
 @model_app.command("prepare")

@@ -193,10 +193,15 @@ STRATEGIES: dict[str, Callable] = {"bad_context": _bad_context, "wrong_edit": _w
                                    "bad_command": _bad_command}
 
 
-def scripts_for(task, variant: str, seed: int = 0) -> tuple[list[str], int | None, str | None] | None:
+def scripts_for(task, variant: str, seed: int = 0, custom: Callable | None = None) -> tuple[list[str], int | None, str | None] | None:
     """The replies of one demonstration (submit last), the index of the reply whose result must
-    report a failure (repairs; else None) and the strategy; None where the variant does not apply."""
+    report a failure (repairs; else None) and the strategy; None where the variant does not apply.
+    `custom(task, variant, rng)` (a family's `demo_scripts`) writes them in the family's own tools."""
     rng = random.Random(f"{task.task_id}:{variant}:{seed}")
+    if variant not in VARIANTS:
+        raise LonghaulError(f"unknown demonstration variant {variant!r}; use {', '.join(VARIANTS)}")
+    if custom is not None:
+        return custom(task, variant, rng)
     if variant == "reference":
         return [a.text() for a in task.reference] + [_call("submit")], None, None
     if variant == "explore":
@@ -253,7 +258,7 @@ def build_demos(family, n: int, difficulty: int = 1, variants: tuple[str, ...] =
         if not getattr(t, "reference", None):
             continue
         for v in variants:
-            got = scripts_for(t, v, seed)
+            got = scripts_for(t, v, seed, family.demo_scripts)
             if got is None:
                 continue
             key = f"{v}:{t.task_id}"

@@ -68,13 +68,15 @@ def rollout_groups(model, tok, family, tasks, group_size: int, params: RolloutPa
                          groups=[i // group_size for i in range(len(flat))])
     groups = [trajs[i * group_size:(i + 1) * group_size] for i in range(len(tasks))]
     if guidance != "off":
-        guide(groups, tasks, tok, make_env or family.make_env or (lambda t: WorkspaceEnv()), agent, guidance, version)
+        guide(groups, tasks, tok, make_env or family.make_env or (lambda t: WorkspaceEnv()), agent, guidance, version,
+              family.demo_scripts)
     total = time.perf_counter() - t0
     return groups, {"timing/gen": policy.seconds, "timing/score": total - policy.seconds,
                     "gen_tokens": sum(t.completion_len for t in trajs)}
 
 
-def guide(groups: list[list[Trajectory]], tasks: list, tok, make_env, agent: AgentConfig, variant: str, version: int = 0) -> int:
+def guide(groups: list[list[Trajectory]], tasks: list, tok, make_env, agent: AgentConfig, variant: str, version: int = 0,
+          custom=None) -> int:
     """Off-policy guidance (after LUFFY, Yan et al. 2025): in each group where no sampled episode
     passed, the last sample is replaced by the task's oracle demonstration (`agent.demos`, the
     given variant), replayed through the same loop, sandbox, tokenizer and budgets as the samples,
@@ -83,13 +85,14 @@ def guide(groups: list[list[Trajectory]], tasks: list, tok, make_env, agent: Age
 
     The demonstration's tokens were written by no sampler: their behaviour log-probs are NaN,
     which trainers read as on-policy (no importance correction); `info["guided"]` marks it, and
-    metrics and curricula count sampled episodes only. Returns the number of groups guided."""
+    metrics and curricula count sampled episodes only. `custom` is the family's `demo_scripts`, if
+    it writes its own. Returns the number of groups guided."""
     need = [i for i, g in enumerate(groups)
             if g and not any(t.info.get("passed") for t in g) and not all(t.info.get("ended") == "infra_error" for t in g)
             and getattr(tasks[i], "reference", None)]
     scripts, chosen = {}, []
     for i in need:
-        got = scripts_for(tasks[i], variant)
+        got = scripts_for(tasks[i], variant, custom=custom)
         if got is not None and len(got[0]) <= agent.max_turns:
             key = f"guide:{i}:{tasks[i].task_id}"
             scripts[key] = got[0]

@@ -85,6 +85,8 @@ class Family:
     make_env: Callable | None = None  # workspace kind: task -> Env (default WorkspaceEnv)
     modules: tuple = ()  # dotted names whose imports and data define the family version
     fixed_set: bool = False  # a fixed benchmark (HumanEval): envcheck always checks all of it
+    demo_scripts: Callable | None = None  # workspace kind: (task, variant, rng) -> a demonstration in its own tools (agent.demos)
+    render_episode: Callable | None = None  # workspace kind: (task, messages, out) -> a PNG of what an episode made (reports)
 
     def sources(self) -> dict[str, Path]:
         """`{label: file}` of every module and data file the family's modules depend on."""
@@ -122,7 +124,8 @@ def families() -> dict[str, Family]:
 def _workspace_family(name: str) -> Family:
     mod = importlib.import_module(f"longhaul.envs.{name}")
     return Family(mod.FAMILY, mod.VERSION, "workspace", mod.make_split, tuple(mod.SUBFAMILIES), tuple(mod.DIFFICULTIES),
-                  make_env=getattr(mod, "make_env", None), modules=(mod.__name__,))
+                  make_env=getattr(mod, "make_env", None), demo_scripts=getattr(mod, "demo_scripts", None),
+                  render_episode=getattr(mod, "render_episode", None), modules=(mod.__name__,))
 
 
 def load_object(spec: str, what: str):
@@ -166,7 +169,7 @@ def family_from_object(obj, spec: str) -> Family:
                   tuple(_attr(obj, "SUBFAMILIES", ()) or ()), tuple(_attr(obj, "DIFFICULTIES", (1,))),
                   tuple(_attr(obj, "SPLITS", ("train", "heldout"))), score, _attr(obj, "reference_reply"),
                   _attr(obj, "null_reply", lambda t: ""), tuple(_attr(obj, "STOP", ())), env,
-                  _modules_of(obj, spec))
+                  _modules_of(obj, spec), demo_scripts=_attr(obj, "demo_scripts"), render_episode=_attr(obj, "render_episode"))
 
 
 def _modules_of(obj, spec: str) -> tuple:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from longhaul.envs.base import StepResult
+from longhaul.envs.scene3d import assets, docs
 from longhaul.envs.scene3d.browser import BrowserPool
 from longhaul.envs.scene3d.verify import Report, verify_world
 from longhaul.envs.scene3d.world import COMPONENTS, SCHEMAS, World
@@ -24,19 +25,24 @@ TOOLS = {
                          {"entity": _ENTITY, "parent": {"type": "string", "description": "the parent entity's name"}}, ("entity",)),
     "set_component": _fn("set_component", "Add or update a component of an entity; fields you leave out keep their value. "
                          "Components and fields: " + "; ".join(f"{c}({', '.join(f)})" for c, f in SCHEMAS.items()) +
-                         ". Positions are [x, y, z] (y is up), rotations in degrees, colours like \"#ff8800\", "
-                         "light.type ambient|directional|point, mesh.geometry box|sphere|plane|cylinder, "
-                         "behaviour spin with axis x|y|z and rate in degrees per second.",
+                         ". Positions are [x, y, z] (y is up, the camera usually looks along -z), rotations in degrees, "
+                         "colours like \"#ff8800\". search_docs explains each component and field.",
                          {"entity": _ENTITY, "component": {"type": "string", "enum": list(COMPONENTS)},
                           "values": {"type": "object", "description": "field -> value"}}, ("entity", "component", "values")),
     "remove_component": _fn("remove_component", "Remove a component from an entity.",
                             {"entity": _ENTITY, "component": {"type": "string", "enum": list(COMPONENTS)}}, ("entity", "component")),
     "remove_entity": _fn("remove_entity", "Remove an entity and its children.", {"entity": _ENTITY}, ("entity",)),
     "list_entities": _fn("list_entities", "Show every entity of the scene with its components."),
+    "search_assets": _fn("search_assets", "Find prefabs in the asset library (trees, lamps, furniture, buildings, ...) by words; "
+                         "show one with the asset component {\"name\": ID}.", {"query": {"type": "string"}}, ("query",)),
+    "search_docs": _fn("search_docs", "Search the documentation of the scene's components and of the Three.js API.",
+                       {"query": {"type": "string"}}, ("query",)),
     "submit": _fn("submit", "Finish; the scene is then exported and checked in a browser."),
 }
 
 SYSTEM_PROMPT = """You build 3D scenes by editing an entity-component scene through tools; the scene is then rendered with Three.js.
+A script component's source is the body of function(self, dt, ctx), run 60 times a second: self is the entity's Three.js
+object, dt the step in seconds, ctx has time, score, key(name) (is that key held?), find(entity name), addScore(n) and THREE.
 To use a tool, reply with exactly one call in this form and nothing after it:
 <tool_call>
 {{"name": "TOOL", "arguments": {{...}}}}
@@ -121,6 +127,10 @@ class SceneEnv:
                 return "removed " + ", ".join(w.remove_entity(a["entity"]))
             if name == "list_entities":
                 return w.describe()
+            if name == "search_assets":
+                return assets.search(a["query"])
+            if name == "search_docs":
+                return docs.search(a["query"])
             self.submitted = True
             return "submitted"
         except LonghaulError as e:

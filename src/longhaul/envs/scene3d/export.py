@@ -1,7 +1,8 @@
 """Export a scene world as a runnable, offline Three.js project.
 
-The project is `index.html`, `scene.json` (the world's snapshot), `runtime.js` (this package's
-runtime, which builds the Three.js scene from scene.json) and the vendored `three` build files.
+The project is `index.html`, `scene.json` (the world's snapshot), `assets.json` (the prefab
+library), `runtime.js` and `sim.js` (this package's runtime, which builds the Three.js scene from
+scene.json and steps its simulation) and the vendored `three` build files.
 It needs no network; browsers refuse ES modules from file:// pages, so serve the folder
 (`python3 -m http.server -d PROJECT`), as the verifier does through a request route.
 
@@ -16,19 +17,24 @@ import os
 import shutil
 from pathlib import Path
 
+from longhaul.envs.scene3d.assets import catalogue
 from longhaul.envs.scene3d.world import World
 from longhaul.errors import LonghaulError
 from longhaul.home import cache_home
 
-RUNTIME = Path(__file__).with_name("runtime.js")
+RUNTIME = tuple(Path(__file__).with_name(n) for n in ("runtime.js", "sim.js"))
 THREE_FILES = ("three.module.js", "three.core.js")  # three.module.js imports three.core.js (three >= r171)
 INDEX = """<!doctype html>
 <html><head><meta charset="utf-8"><title>{title}</title><link rel="icon" href="data:,">
 <style>body {{ margin: 0; background: #111; }} canvas {{ display: block; width: 640px; height: 480px; }}</style>
 </head><body><canvas id="view" width="320" height="240"></canvas>
+<div id="hud" style="position:absolute;left:0;top:0;width:640px;height:480px;pointer-events:none"></div>
 <script>
 window.__errors = [];  /* set before the module runs, so that its own top-level errors are caught */
 window.addEventListener('error', (e) => window.__errors.push(String(e.message || e)));
+window.addEventListener('error', (e) => {{  /* a script or module that failed to load: seen only while capturing */
+  if (e.target && e.target !== window) window.__errors.push('could not load ' + (e.target.src || e.target.href || e.target.tagName));
+}}, true);
 window.addEventListener('unhandledrejection', (e) => window.__errors.push('unhandled rejection: ' + String(e.reason)));
 </script>
 <script type="module" src="./runtime.js"></script>
@@ -58,7 +64,9 @@ def export_project(world: World, out: Path, title: str = "scene3d") -> Path:
     for name in THREE_FILES:
         if (build / name).is_file():
             shutil.copyfile(build / name, out / name)
-    shutil.copyfile(RUNTIME, out / "runtime.js")
+    for src in RUNTIME:
+        shutil.copyfile(src, out / src.name)
     (out / "scene.json").write_text(json.dumps(world.snapshot(), indent=1))
+    (out / "assets.json").write_text(json.dumps(catalogue()))
     (out / "index.html").write_text(INDEX.format(title=title))
     return out

@@ -1,25 +1,75 @@
-// The scene3d runtime: builds a Three.js scene from scene.json and renders it.
+// The scene3d runtime: builds a Three.js scene from scene.json (and the prefabs of assets.json),
+// steps its simulation (sim.js) and renders it.
 // Opened with ?verify it does not animate by itself: the verifier drives the clock through
 // window.__scene.advance(seconds) and window.__scene.render(); otherwise it animates in real time.
 import * as THREE from './three.module.js';
+import {Sim, STEP} from './sim.js';
 
 window.__errors = window.__errors || [];  // index.html sets it (and the error listeners) first
 
 const DEG = Math.PI / 180;
 const WIDTH = 320, HEIGHT = 240;  // small and fixed: the verifier reads every pixel
+const CORNERS = {'top-left': 'left:8px;top:8px', 'top-right': 'right:8px;top:8px',
+  'bottom-left': 'left:8px;bottom:8px', 'bottom-right': 'right:8px;bottom:8px'};
 
-function geometryOf(mesh) {
-  const [w, h, d] = mesh.size;
-  switch (mesh.geometry) {
+function geometryOf(p) {
+  const [w, h, d] = p.size;
+  switch (p.geometry) {
     case 'box': return new THREE.BoxGeometry(w, h, d);
-    case 'sphere': return new THREE.SphereGeometry(mesh.radius, 24, 16);
+    case 'sphere': return new THREE.SphereGeometry(p.radius, 24, 16);
     case 'plane': return new THREE.PlaneGeometry(w, h);
-    case 'cylinder': return new THREE.CylinderGeometry(mesh.radius, mesh.radius, mesh.height, 24);
+    case 'cylinder': return new THREE.CylinderGeometry(p.radius, p.radius, p.height, 24);
   }
-  throw new Error('unknown geometry ' + mesh.geometry);
+  throw new Error('unknown geometry ' + p.geometry);
 }
 
-function objectOf(c) {
+function materialOf(m, geometry) {
+  const mat = new THREE.MeshStandardMaterial({color: m.color, roughness: m.roughness, metalness: m.metalness});
+  if (geometry === 'plane') mat.side = THREE.DoubleSide;
+  return mat;
+}
+
+// (geometry, material, offset) of each part the entity draws: its mesh, or its asset's parts
+function partsOf(c, assets) {
+  if (c.asset) {
+    const parts = assets[c.asset.name];
+    if (!parts) throw new Error('unknown asset ' + c.asset.name);
+    return parts.map((p) => ({geometry: geometryOf(p), offset: p.offset, shadow: [true, true],
+      material: materialOf(c.material || {color: p.color, roughness: 0.8, metalness: 0.0}, p.geometry)}));
+  }
+  const m = c.material || {color: '#cccccc', roughness: 0.5, metalness: 0.0};
+  return [{geometry: geometryOf(c.mesh), material: materialOf(m, c.mesh.geometry), offset: [0, 0, 0],
+    shadow: [c.mesh.cast_shadow, c.mesh.receive_shadow]}];
+}
+
+function drawable(c, assets) {
+  const parts = partsOf(c, assets);
+  const positions = c.instances ? c.instances.positions : null;
+  if (!positions && !c.asset) {
+    const mesh = new THREE.Mesh(parts[0].geometry, parts[0].material);
+    [mesh.castShadow, mesh.receiveShadow] = parts[0].shadow;
+    return mesh;
+  }
+  const group = new THREE.Group();
+  const m = new THREE.Matrix4();
+  for (const p of parts) {
+    let mesh;
+    if (positions) {  // one draw call a part, however many copies
+      mesh = new THREE.InstancedMesh(p.geometry, p.material, positions.length);
+      positions.forEach((pos, i) => mesh.setMatrixAt(i, m.makeTranslation(pos[0] + p.offset[0], pos[1] + p.offset[1], pos[2] + p.offset[2])));
+      mesh.computeBoundingSphere();
+      mesh.computeBoundingBox();
+    } else {
+      mesh = new THREE.Mesh(p.geometry, p.material);
+      mesh.position.fromArray(p.offset);
+    }
+    [mesh.castShadow, mesh.receiveShadow] = p.shadow;
+    group.add(mesh);
+  }
+  return group;
+}
+
+function objectOf(c, assets) {
   if (c.camera) return new THREE.PerspectiveCamera(c.camera.fov, WIDTH / HEIGHT, c.camera.near, c.camera.far);
   if (c.light) {
     const l = c.light;
@@ -28,27 +78,21 @@ function objectOf(c) {
       : new THREE.PointLight(l.color, l.intensity, l.distance, 0);
     light.castShadow = l.cast_shadow;
     light.shadow.mapSize.set(512, 512);
+    Object.assign(light.shadow.camera, {left: -10, right: 10, top: 10, bottom: -10});
     return light;
   }
-  if (c.mesh) {
-    const m = c.material || {color: '#cccccc', roughness: 0.5, metalness: 0.0};
-    const mat = new THREE.MeshStandardMaterial({color: m.color, roughness: m.roughness, metalness: m.metalness});
-    if (c.mesh.geometry === 'plane') mat.side = THREE.DoubleSide;
-    const mesh = new THREE.Mesh(geometryOf(c.mesh), mat);
-    mesh.castShadow = c.mesh.cast_shadow;
-    mesh.receiveShadow = c.mesh.receive_shadow;
-    return mesh;
-  }
+  if (c.mesh || c.asset) return drawable(c, assets);
   return new THREE.Group();
 }
 
-function build(data) {
+function build(data, assets, hudRoot) {
   const scene = new THREE.Scene();
   scene.background = new THREE.Color(data.background);
-  const byName = {}, spins = [];
+  const entities = [];
+  const byName = {};
   let camera = null;
   for (const e of data.entities) {
-    const c = e.components, obj = objectOf(c);
+    const c = e.components, obj = objectOf(c, assets);
     obj.name = e.name;
     if (c.transform) {
       obj.position.fromArray(c.transform.position);
@@ -62,14 +106,24 @@ function build(data) {
       obj.lookAt(...c.camera.look_at);
       camera = camera || obj;
     }
-    if (c.behaviour && c.behaviour.type === 'spin') spins.push({obj, axis: c.behaviour.axis, rate: c.behaviour.rate});
+    let hud = null;
+    if (c.hud) {
+      hud = document.createElement('div');
+      hud.className = 'hud';
+      hud.dataset.entity = e.name;
+      hud.style.cssText = `position:absolute;${CORNERS[c.hud.corner]};font:${c.hud.size}px sans-serif;color:${c.hud.color};` +
+        'white-space:pre;pointer-events:none';
+      hudRoot.appendChild(hud);
+    }
+    entities.push({name: e.name, obj, c, hud});
   }
   if (!camera) {  // a scene without a camera is still viewable
     camera = new THREE.PerspectiveCamera(50, WIDTH / HEIGHT, 0.1, 200);
     camera.position.set(0, 4, 10);
     camera.lookAt(0, 0, 0);
   }
-  return {scene, camera, spins};
+  scene.updateMatrixWorld(true);
+  return {scene, camera, entities};
 }
 
 function frame(renderer) {
@@ -88,19 +142,23 @@ function differing(a, b) {
 }
 
 async function main() {
-  const data = await (await fetch('./scene.json')).json();
+  const [data, assets] = await Promise.all([fetch('./scene.json'), fetch('./assets.json')].map((p) => p.then((r) => r.json())));
   const canvas = document.getElementById('view');
   const renderer = new THREE.WebGLRenderer({canvas, antialias: false, preserveDrawingBuffer: true});
   renderer.setPixelRatio(1);
   renderer.setSize(WIDTH, HEIGHT, false);
   renderer.shadowMap.enabled = true;
-  const {scene, camera, spins} = build(data);
+  const {scene, camera, entities} = build(data, assets, document.getElementById('hud'));
+  const keys = new Set();
+  window.addEventListener('keydown', (e) => keys.add(e.key));
+  window.addEventListener('keyup', (e) => keys.delete(e.key));
+  const sim = new Sim(THREE, scene, entities, keys);
+  const byName = Object.fromEntries(entities.map((e) => [e.name, e]));
   const api = {
-    time: 0, scene, camera, width: WIDTH, height: HEIGHT,
-    advance(dt) {
-      api.time += dt;
-      for (const s of spins) s.obj.rotation[s.axis] += s.rate * DEG * dt;
-    },
+    scene, camera, width: WIDTH, height: HEIGHT,
+    get time() { return sim.time; },
+    get score() { return sim.score; },
+    advance(dt) { for (let n = Math.round(dt / STEP); n > 0; n--) sim.step(); },
     render() { renderer.render(scene, camera); },
     names() { const out = []; scene.traverse((o) => { if (o.name) out.push(o.name); }); return out; },
     inspect(name) {
@@ -108,15 +166,28 @@ async function main() {
       if (!o) return null;
       const out = {kind: o.type, parent: o.parent && o.parent !== scene ? o.parent.name : null,
         position: o.position.toArray(), rotation: [o.rotation.x, o.rotation.y, o.rotation.z].map((v) => v / DEG),
-        scale: o.scale.toArray()};
-      if (o.isMesh) {
-        out.material = {color: '#' + o.material.color.getHexString(), roughness: o.material.roughness, metalness: o.material.metalness};
-        out.mesh = {geometry: o.geometry.type, cast_shadow: o.castShadow, receive_shadow: o.receiveShadow};
+        scale: o.scale.toArray(), visible: o.visible};
+      const mesh = o.isMesh ? o : o.children.find((k) => k.isMesh);
+      if (mesh) {
+        out.material = {color: '#' + mesh.material.color.getHexString(), roughness: mesh.material.roughness, metalness: mesh.material.metalness};
+        out.mesh = {geometry: mesh.geometry.type, cast_shadow: mesh.castShadow, receive_shadow: mesh.receiveShadow};
       }
       if (o.isLight) out.light = {type: o.type, color: '#' + o.color.getHexString(), intensity: o.intensity, cast_shadow: !!o.castShadow};
       if (o.isCamera) out.camera = {fov: o.fov, active: o === camera};
+      const e = byName[name];
+      if (e) {
+        const c = e.c;
+        if (c.asset) out.asset = c.asset.name;
+        if (c.instances) out.instances = c.instances.positions.length;
+        if (e.hud) out.hud = {text: e.hud.textContent, corner: c.hud.corner};
+        for (const k of ['behaviour', 'collider', 'controls', 'pickup']) if (c[k]) out[k] = {...c[k]};
+        if (c.body) out.body = {...c.body, velocity: sim.velocity(name) || c.body.velocity};
+        if (c.pickup) out.pickup.taken = sim.taken(name);
+        if (c.script) out.script = {error: sim.scriptError(name)};
+      }
       return out;
     },
+    hud() { return [...document.querySelectorAll('#hud .hud')].map((d) => ({entity: d.dataset.entity, text: d.textContent})); },
     // pixels that the scene's content changes against the bare background
     drawn() {
       const shown = scene.children.map((o) => o.visible);
@@ -131,12 +202,10 @@ async function main() {
     visible(name) {
       const o = scene.getObjectByName(name);
       if (!o) return null;
-      api.render();
-      const withIt = frame(renderer);
+      const withIt = (api.render(), frame(renderer));
       const was = o.visible;
       o.visible = false;
-      api.render();
-      const without = frame(renderer);
+      const without = (api.render(), frame(renderer));
       o.visible = was;
       api.render();
       camera.updateMatrixWorld(true);
@@ -151,12 +220,53 @@ async function main() {
       }
       return {pixels: differing(withIt, without), onScreen};
     },
+    // pixels that the light `name`'s shadows change (its castShadow off against on)
+    shadow(name) {
+      const o = scene.getObjectByName(name);
+      if (!o || !o.isLight) return null;
+      const was = o.castShadow;
+      o.castShadow = true;
+      const withIt = (api.render(), frame(renderer));
+      o.castShadow = false;
+      const without = (api.render(), frame(renderer));
+      o.castShadow = was;
+      api.render();
+      return {pixels: differing(withIt, without), casts: was};
+    },
+    // mean and spread of the frame's luminance, 0..255
+    exposure() {
+      api.render();
+      const px = frame(renderer);
+      let s = 0, s2 = 0;
+      const n = WIDTH * HEIGHT;
+      for (let i = 0; i < px.length; i += 4) {
+        const y = 0.2126 * px[i] + 0.7152 * px[i + 1] + 0.0722 * px[i + 2];
+        s += y;
+        s2 += y * y;
+      }
+      const mean = s / n;
+      return {mean, std: Math.sqrt(Math.max(0, s2 / n - mean * mean))};
+    },
+    // draw calls and triangles of one frame, and the mean time of `frames` frames (ms)
+    budget(frames) {
+      api.render();
+      const {calls, triangles} = renderer.info.render;
+      const t0 = performance.now();
+      for (let i = 0; i < frames; i++) api.render();
+      renderer.getContext().finish();
+      return {calls, triangles, frame_ms: (performance.now() - t0) / frames};
+    },
   };
   api.render();
   window.__scene = api;
   if (!new URLSearchParams(location.search).has('verify')) {
     const clock = new THREE.Clock();
-    renderer.setAnimationLoop(() => { api.advance(clock.getDelta()); api.render(); });
+    let owed = 0;
+    renderer.setAnimationLoop(() => {
+      owed = Math.min(owed + clock.getDelta(), 0.25);
+      for (; owed >= STEP; owed -= STEP) sim.step();
+      api.render();
+    });
   }
 }
 

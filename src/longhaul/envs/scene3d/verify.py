@@ -1,16 +1,30 @@
 """The scene3d verifier: load an exported project in headless Chromium and run checks on the live
 scene, each passing or failing with a reason; the score is the fraction that pass.
 
-Checks are JSON dicts (they live on the task):
+Checks are JSON dicts (they live on the task) and run in order on one page, so a check sees the
+clock and the state the checks before it left:
 - `{"op": "exists", "name": N}`: the scene has an object named N;
 - `{"op": "value", "name": N, "path": "material.color", "expect": V, "tol": T}`: a live value of N
-  (`kind`, `parent`, `position`, `rotation` (degrees), `scale`, `material.*`, `mesh.*`, `light.*`,
-  `camera.*`, as the runtime's `inspect` gives them) equals V (numbers and vectors within T,
-  colours within T per 0..255 channel, strings ignoring case);
+  (`kind`, `parent`, `position`, `rotation` (degrees), `scale`, `visible`, `material.*`, `mesh.*`,
+  `light.*`, `camera.*`, `asset`, `instances` (a count), `hud.text`, `body.*`, `collider.*`,
+  `behaviour.*`, `pickup.taken`, as the runtime's `inspect` gives them) equals V (numbers and
+  vectors within T, colours within T per 0..255 channel, strings ignoring case); a path part that
+  is a number indexes a vector (`position.0` is x); `min` / `max` instead of `expect` bound a number;
+- `{"op": "after", "dt": S, ...value fields}`: advance the clock S seconds, then a value check;
+- `{"op": "key", "key": K, "hold": S, ...value fields}`: hold key K (a real key event) while the
+  clock advances S seconds, release it, then a value check (a player moved, a wall stopped it);
+- `{"op": "hud", "contains": TEXT}`: some HUD element shows TEXT;
 - `{"op": "drawn", "min_fraction": F}`: the content changes at least F of the canvas against the
   bare background (a blank or black-on-nothing canvas fails);
 - `{"op": "visible", "name": N, "min_pixels": P}`: hiding N changes at least P pixels of the frame
   (so N is in frame, lit or not, and not hidden behind something);
+- `{"op": "shadow", "name": L, "min_pixels": P}`: light L casts shadows, and they change at least P
+  pixels (turning its shadows off changes the frame);
+- `{"op": "exposure", "min_mean": A, "max_mean": B, "min_std": C}`: the frame's mean luminance
+  (0..255) lies in [A, B] and its spread (contrast) is at least C;
+- `{"op": "budget", "max_calls": D, "max_triangles": T, "max_frame_ms": F}`: one frame takes at
+  most D draw calls and T triangles, and renders in at most F ms on average over `frames` (5)
+  frames (SwiftShader);
 - `{"op": "spin", "name": N, "axis": A, "rate": R, "dt": S, "tol": T}`: advancing the clock S
   seconds turns N by R*S degrees about A (within T).
 A last check, `no_errors`, fails on any page error, uncaught error or console error. A page that
@@ -55,8 +69,12 @@ class Report:
 
 def label(check: dict) -> str:
     op = check.get("op", "?")
-    if op == "value":
-        return f"value {check.get('name')}.{check.get('path')}"
+    if op in ("value", "after"):
+        return f"{op} {check.get('name')}.{check.get('path')}"
+    if op == "key":
+        return f"key {check.get('key')} {check.get('name')}.{check.get('path')}"
+    if op == "hud":
+        return f"hud {check.get('contains')!r}"
     return f"{op} {check.get('name', '')}".strip()
 
 
@@ -78,26 +96,37 @@ def verify_project(project: Path, checks: list[dict], timeout_s: float = 30.0, p
     return Report(tuple(results))
 
 
-def _session(ctx, checks: list[dict], load_ms: float) -> list[CheckResult]:
+def open_scene(ctx, load_ms: float):
+    """Load the project in a new page of `ctx` with `?verify` (the clock stands still) and wait for
+    its scene: (page, errors, why) where `errors` collects what the page reports from now on
+    (uncaught errors, console errors, files answered 4xx, blocked requests) and `why` is None once
+    `window.__scene` exists, else the first reason it does not."""
     from playwright.sync_api import Error as PlaywrightError
 
     page = ctx.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-    page.on("console", lambda m: errors.append(f"console error: {m.text}") if m.type == "error" else None)
+    page.on("console", lambda m: errors.append(f"console error: {m.text}") if m.type == "error" and "Failed to load resource" not in m.text
+            else None)
+    page.on("response", lambda r: errors.append(f"{r.url[len(ORIGIN):] or r.url} answered {r.status}") if r.status >= 400 else None)
+    page.on("requestfailed", lambda r: errors.append(f"request to {r.url[:120]} failed ({r.failure}): the page has no network"))
     page.set_default_timeout(load_ms)
-    labels = [label(c) for c in checks] + ["no_errors"]
     try:
         page.goto(ORIGIN + "index.html?verify", wait_until="load")
         page.wait_for_function("() => window.__scene !== undefined || (window.__errors || []).length > 0")
         ready = page.evaluate("() => window.__scene !== undefined")
     except PlaywrightError as e:
         why = str(e).strip().splitlines()[0][:200]
-        return [CheckResult(lb, False, f"the page did not load ({why}); {'; '.join(errors[:2])}".rstrip("; ")) for lb in labels]
-    errors += page.evaluate("() => window.__errors || []")
-    if not ready:
-        why = "; ".join(errors[:3]) or "window.__scene never appeared"
-        return [CheckResult(lb, False, f"the scene was not built: {why}") for lb in labels]
+        return page, errors, f"the page did not load ({why}); {'; '.join(errors[:2])}".rstrip("; ")
+    errors += [e for e in page.evaluate("() => window.__errors || []") if e not in errors]
+    return page, errors, None if ready else f"the scene was not built: {'; '.join(errors[:3]) or 'window.__scene never appeared'}"
+
+
+def _session(ctx, checks: list[dict], load_ms: float) -> list[CheckResult]:
+    labels = [label(c) for c in checks] + ["no_errors"]
+    page, errors, why = open_scene(ctx, load_ms)
+    if why is not None:
+        return [CheckResult(lb, False, why) for lb in labels]
     out = [_run_check(page, c) for c in checks]
     errors += [e for e in page.evaluate("() => window.__errors") if e not in errors]
     out.append(CheckResult("no_errors", not errors, "; ".join(dict.fromkeys(errors))[:400] if errors else "no errors"))
@@ -123,11 +152,46 @@ def _value(page, check, name):
         return False, f"no object named {name!r} in the scene"
     got = info
     for part in check["path"].split("."):
-        if not isinstance(got, dict) or part not in got:
+        if isinstance(got, list) and part.isdigit() and int(part) < len(got):
+            got = got[int(part)]
+        elif isinstance(got, dict) and part in got:
+            got = got[part]
+        else:
             return False, f"{name} has no {check['path']} (it is a {info['kind']})"
-        got = got[part]
-    ok = _close(got, check["expect"], check.get("tol", 1e-3))
-    return ok, f"{check['path']} is {_show(got)}, {'as' if ok else 'want'} {_show(check['expect'])}"
+    if "expect" in check:
+        ok = _close(got, check["expect"], check.get("tol", 1e-3))
+        return ok, f"{check['path']} is {_show(got)}, {'as' if ok else 'want'} {_show(check['expect'])}"
+    lo, hi = check.get("min", -math.inf), check.get("max", math.inf)
+    ok = isinstance(got, (int, float)) and not isinstance(got, bool) and lo <= got <= hi
+    want = f"at least {lo:g}" if hi == math.inf else f"at most {hi:g}" if lo == -math.inf else f"between {lo:g} and {hi:g}"
+    return ok, f"{check['path']} is {_show(got)}, {'as' if ok else 'want'} {want}"
+
+
+def _after(page, check, name):
+    page.evaluate("(dt) => { window.__scene.advance(dt); window.__scene.render(); }", check.get("dt", 1.0))
+    ok, why = _value(page, check, name)
+    return ok, f"after {check.get('dt', 1.0):g} s: {why}"
+
+
+def _key(page, check, name):
+    key, hold = check["key"], check.get("hold", 1.0)
+    page.keyboard.down(key)
+    try:
+        page.evaluate("(dt) => window.__scene.advance(dt)", hold)
+    finally:
+        page.keyboard.up(key)
+    page.evaluate("() => window.__scene.render()")
+    ok, why = _value(page, check, name)
+    return ok, f"after holding {key} {hold:g} s: {why}"
+
+
+def _hud(page, check, name):
+    want = check["contains"]
+    shown = page.evaluate("() => window.__scene.hud()")
+    texts = [h["text"] for h in shown]
+    if any(want in t for t in texts):
+        return True, f"the HUD shows {want!r}"
+    return False, f"no HUD element shows {want!r}; the HUD shows {texts!r:.200}" if texts else "there is no HUD element"
 
 
 def _close(got, want, tol) -> bool:
@@ -185,4 +249,31 @@ def _spin(page, check, name):
     return ok, f"{name} turned {turned:.3g} deg about {check.get('axis', 'y')} in {dt:g} s, {'as' if ok else 'want'} {want:.3g}"
 
 
-_CHECKS = {"exists": _exists, "value": _value, "drawn": _drawn, "visible": _visible, "spin": _spin}
+def _shadow(page, check, name):
+    s = page.evaluate("(n) => window.__scene.shadow(n)", name)
+    if s is None:
+        return False, f"no light named {name!r} in the scene"
+    need = check.get("min_pixels", 50)
+    if not s["casts"]:
+        return False, f"{name} does not cast shadows (light.cast_shadow is false)"
+    ok = s["pixels"] >= need
+    return ok, f"{name}'s shadows cover {s['pixels']} pixels" + ("" if ok else f" (want {need}: does anything cast onto something?)")
+
+
+def _exposure(page, check, name):
+    e = page.evaluate("() => window.__scene.exposure()")
+    lo, hi, spread = check.get("min_mean", 40), check.get("max_mean", 215), check.get("min_std", 12)
+    why = f"mean luminance {e['mean']:.0f}, spread {e['std']:.0f} (want {lo:g}-{hi:g}, spread at least {spread:g})"
+    return lo <= e["mean"] <= hi and e["std"] >= spread, why
+
+
+def _budget(page, check, name):
+    b = page.evaluate("(n) => window.__scene.budget(n)", check.get("frames", 5))
+    over = [f"{k} {b[k]:.4g} > {check[m]:g}" for k, m in (("calls", "max_calls"), ("triangles", "max_triangles"),
+                                                         ("frame_ms", "max_frame_ms")) if m in check and b[k] > check[m]]
+    why = f"{b['calls']} draw calls, {b['triangles']} triangles, {b['frame_ms']:.1f} ms a frame"
+    return not over, why + (f"; over budget: {', '.join(over)}" if over else "")
+
+
+_CHECKS = {"exists": _exists, "value": _value, "after": _after, "key": _key, "hud": _hud, "drawn": _drawn, "visible": _visible,
+           "shadow": _shadow, "exposure": _exposure, "budget": _budget, "spin": _spin}

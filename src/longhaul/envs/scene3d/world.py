@@ -14,13 +14,15 @@ import copy
 import re
 from dataclasses import dataclass, field
 
+from longhaul.envs.scene3d.assets import ASSETS, NAMES
 from longhaul.errors import LonghaulError
 
 FORMAT = 1  # bump when the snapshot layout changes
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,39}$")
 _COLOR = re.compile(r"^#[0-9a-fA-F]{6}$")
 
-# component -> field -> (kind, default); kinds: vec3, posvec3, color, unit (0..1), pos (> 0), nonneg, bool, str:a|b|c
+# component -> field -> (kind, default); kinds: vec3, posvec3, vec3list, color, unit (0..1), pos (> 0), nonneg, num,
+# bool, str:a|b|c, text (a line), code (a script), asset (a name in the asset library)
 SCHEMAS: dict[str, dict[str, tuple]] = {
     "transform": {"position": ("vec3", [0.0, 0.0, 0.0]), "rotation": ("vec3", [0.0, 0.0, 0.0]),  # degrees, XYZ order
                   "scale": ("posvec3", [1.0, 1.0, 1.0])},
@@ -30,7 +32,51 @@ SCHEMAS: dict[str, dict[str, tuple]] = {
     "light": {"type": ("str:ambient|directional|point", "directional"), "color": ("color", "#ffffff"),
               "intensity": ("nonneg", 1.0), "cast_shadow": ("bool", False), "distance": ("nonneg", 0.0)},  # point: 0 = no falloff
     "camera": {"fov": ("pos", 50.0), "near": ("pos", 0.1), "far": ("pos", 200.0), "look_at": ("vec3", [0.0, 0.0, 0.0])},
-    "behaviour": {"type": ("str:spin", "spin"), "axis": ("str:x|y|z", "y"), "rate": ("num", 0.0)},  # rate: degrees per second
+    # spin: turn about `axis` at `rate` deg/s; orbit: circle `center` at `radius` in the plane across `axis`, `rate` deg/s;
+    # bob: move along `axis` by amplitude * sin(2 pi t / period) about the start
+    "behaviour": {"type": ("str:spin|orbit|bob", "spin"), "axis": ("str:x|y|z", "y"), "rate": ("num", 0.0),
+                  "center": ("vec3", [0.0, 0.0, 0.0]), "radius": ("pos", 1.0), "amplitude": ("nonneg", 0.5), "period": ("pos", 2.0)},
+    "body": {"type": ("str:dynamic|static|kinematic", "dynamic"), "mass": ("pos", 1.0), "velocity": ("vec3", [0.0, 0.0, 0.0]),
+             "gravity": ("bool", True)},
+    # axis-aligned, centred on the entity; restitution and friction are its physics material
+    "collider": {"shape": ("str:box|sphere", "box"), "size": ("posvec3", [1.0, 1.0, 1.0]), "radius": ("pos", 0.5),
+                 "restitution": ("unit", 0.2), "friction": ("unit", 0.5)},
+    "controls": {"type": ("str:keyboard", "keyboard"), "keys": ("str:arrows|wasd", "arrows"), "speed": ("pos", 3.0)},
+    "script": {"source": ("code", "")},  # the body of function(self, dt, ctx), run every frame
+    "hud": {"text": ("text", ""), "corner": ("str:top-left|top-right|bottom-left|bottom-right", "top-left"),
+            "size": ("pos", 16.0), "color": ("color", "#ffffff")},  # "{score}" in text shows the score
+    "pickup": {"points": ("num", 1.0)},  # a controlled entity touching it collects it: score += points
+    "asset": {"name": ("asset", "crate")},  # a prefab from the asset library, drawn instead of a mesh
+    "instances": {"positions": ("vec3list", [])},  # draw the entity's mesh or asset at each position (one draw call a part)
+}
+MAX_TEXT, MAX_CODE, MAX_INSTANCES = 200, 4000, 1000
+# what each component does, for the agent's documentation search
+COMPONENT_DOCS: dict[str, str] = {
+    "transform": "Where the entity is: position [x, y, z] (y is up), rotation in degrees about x, y, z, scale; relative to its parent.",
+    "mesh": "Draws a primitive: box (size w, h, d), sphere (radius), cylinder (radius, height) or plane (size w, h). "
+            "Its centre is at the entity's position, so a box of height h rests on the ground at y = h / 2.",
+    "material": "The surface of the entity's mesh or asset: color, roughness (0 mirror-like, 1 matte), metalness (0 or 1 usually).",
+    "light": "ambient (everywhere), directional (sunlight from its position towards the origin) or point (from its position, "
+             "fading to zero at distance unless 0); cast_shadow makes objects throw shadows onto others.",
+    "camera": "The view: placed by the transform's position, aimed at look_at, with a vertical field of view fov in degrees.",
+    "behaviour": "Built-in motion: spin turns about axis at rate degrees per second; orbit circles center at radius in the plane "
+                 "across axis (about y: starts on the +x side, a positive rate turns counter-clockwise seen from above); "
+                 "bob moves along axis by amplitude * sin(2 pi t / period) about where the entity starts.",
+    "body": "A rigid body: dynamic bodies fall under gravity (if gravity) from their velocity and stop on the ground (y = 0) "
+            "and on colliders; static and kinematic bodies are moved only by you (controls, scripts, behaviours).",
+    "collider": "The entity's collision shape, axis-aligned and centred on it (box size or sphere radius); restitution is "
+                "how much a bounce keeps (0 none, 1 all), friction slows sliding. An entity with a collider and no body is a wall.",
+    "controls": "Lets the user move the entity on the ground plane with the arrow keys or W A S D at speed units per second "
+                "(up/W is -z, away from the camera); with a collider, colliders stop it.",
+    "script": "source is the body of function(self, dt, ctx), run 60 times a second: self is the Three.js object "
+              "(self.position.x, self.rotation.y, self.material...), dt the step in seconds; ctx.time, ctx.score, "
+              "ctx.key('ArrowLeft'), ctx.find('name'), ctx.addScore(n), ctx.THREE. An error stops the script and is reported.",
+    "hud": "A line of text over the view in a corner (top-left, top-right, bottom-left, bottom-right), size in pixels; "
+           "{score} in the text shows the current score, {time} the seconds since the start.",
+    "pickup": "A collectible: when an entity with controls touches it, it disappears and the score grows by points.",
+    "asset": "Draws a prefab from the asset library instead of a mesh (find names with search_assets); its origin is at its base.",
+    "instances": "Draws the entity's mesh or asset once at every position of the list (relative to the entity), "
+                 "as one draw call per part however many copies.",
 }
 COMPONENTS = tuple(SCHEMAS)
 
@@ -45,6 +91,21 @@ def _fix(kind: str, comp: str, key: str, value):
         if kind == "posvec3" and min(value) <= 0:
             raise LonghaulError(f"{where} must have 3 numbers above 0, got {value!r}")
         return [float(v) for v in value]
+    if kind == "vec3list":
+        if not isinstance(value, (list, tuple)) or len(value) > MAX_INSTANCES:
+            raise LonghaulError(f"{where} must be a list of at most {MAX_INSTANCES} positions like [[0, 0, 0], [2, 0, 0]], got {value!r:.80}")
+        return [_fix("vec3", comp, f"{key}[{i}]", v) for i, v in enumerate(value)]
+    if kind in ("text", "code"):
+        limit = MAX_TEXT if kind == "text" else MAX_CODE
+        if not isinstance(value, str) or len(value) > limit:
+            raise LonghaulError(f"{where} must be a string of at most {limit} characters, got {value!r:.80}")
+        if kind == "text" and "\n" in value:
+            raise LonghaulError(f"{where} must be one line; use another hud entity for another line")
+        return value
+    if kind == "asset":
+        if value not in ASSETS:
+            raise LonghaulError(f"{where}: no asset named {value!r}; find one with search_assets (the library has {', '.join(NAMES)})")
+        return value
     if kind == "color":
         if not (isinstance(value, str) and _COLOR.match(value)):
             raise LonghaulError(f"{where} must be a hex colour like \"#ff8800\", got {value!r}")
