@@ -52,3 +52,17 @@ def test_compare_groups_by_sub_family():
     assert c["by_group"] == {"dicts.invert": {"n": 2, "base": 1, "trained": 2}, "lists.scale": {"n": 1, "base": 0, "trained": 1},
                              "echo": {"n": 1, "base": 0, "trained": 0}}
     assert c["mcnemar"]["gained"] == 2 and c["mcnemar"]["lost"] == 0
+
+
+def test_partial_credit_is_summarised_kept_and_joined(tmp_path):
+    from longhaul.eval.passrate import EvalResult
+
+    a = EvalResult("sft", ["s/1", "s/2", "s/3"], [True, False, False], ["pass", "fail", "fail"], rewards=[1.0, 0.5, 0.25])
+    s = a.summary(ks=(1,))
+    assert abs(s["mean_reward"] - 1.75 / 3) < 1e-12 and s["mean_reward_ci95"][0] <= s["mean_reward"] <= s["mean_reward_ci95"][1]
+    a.save(tmp_path / "a.json")
+    assert EvalResult.load(tmp_path / "a.json").rewards == [1.0, 0.5, 0.25]
+    b = EvalResult("sft", ["t/1"], [True], ["pass"], rewards=[1.0])
+    assert EvalResult.concat([a, b]).rewards == [1.0, 0.5, 0.25, 1.0]
+    assert EvalResult.concat([a, EvalResult("sft", ["t/2"], [False], ["fail"])]).rewards is None  # not every set gave it
+    assert "mean_reward" not in EvalResult("x", ["t/2"], [False], ["fail"]).summary()

@@ -28,6 +28,7 @@ class EvalResult:
     counts: list[int] | None = None  # correct samples per task, when samples > 1
     samples: int = 1
     agent: dict | None = None  # agent_metrics of the first sample of each task (multi-turn families)
+    rewards: list[float] | None = None  # the first sample's reward of each task: partial credit where the family gives it
 
     @property
     def rate(self) -> float:
@@ -46,6 +47,9 @@ class EvalResult:
                "limit_rate": sum(st.get(k, 0) for k in LIMIT_STATUSES) / max(1, len(self.statuses)), "samples": self.samples}
         if self.agent:
             out["agent"] = self.agent
+        if self.rewards:
+            out["mean_reward"] = sum(self.rewards) / len(self.rewards)
+            out["mean_reward_ci95"] = list(bootstrap_mean(self.rewards))
         groups: dict[str, list[int]] = {}
         for tid, ok in zip(self.task_ids, self.passed):
             g = groups.setdefault(_group(tid), [0, 0])
@@ -70,13 +74,15 @@ class EvalResult:
     def concat(cls, results: list["EvalResult"]) -> "EvalResult":
         """One result over several task sets (a joint run's domains), same label and samples."""
         counts = None if any(r.counts is None for r in results) else [c for r in results for c in r.counts]
+        rewards = None if any(r.rewards is None for r in results) else [x for r in results for x in r.rewards]
         return cls(results[0].label, [t for r in results for t in r.task_ids], [p for r in results for p in r.passed],
-                   [s for r in results for s in r.statuses], counts, results[0].samples, _merge_agent(results))
+                   [s for r in results for s in r.statuses], counts, results[0].samples, _merge_agent(results), rewards)
 
     @classmethod
     def load(cls, path: Path) -> "EvalResult":
         d = json.loads(path.read_text())
-        return cls(d["label"], d["task_ids"], d["passed"], d["statuses"], d.get("counts"), d.get("samples", 1), d.get("agent"))
+        return cls(d["label"], d["task_ids"], d["passed"], d["statuses"], d.get("counts"), d.get("samples", 1), d.get("agent"),
+                   d.get("rewards"))
 
 
 def _merge_agent(results: list[EvalResult]) -> dict | None:
@@ -109,7 +115,7 @@ def evaluate(model, tok, family, tasks, label: str, max_new_tokens: int, batch_s
     temp = 0.0 if samples == 1 else temperature
     params = RolloutParams(max_new_tokens=max_new_tokens, temperature=temp, stop=family.stop, batch_size=max(batch_size, samples))
     per_call = max(1, batch_size // samples)
-    passed, statuses, counts, firsts = [], [], [], []
+    passed, statuses, counts, firsts, rewards = [], [], [], [], []
     for start in range(0, len(tasks), per_call):
         chunk = tasks[start:start + per_call]
         groups, _ = rollout_groups(model, tok, family, chunk, samples, params, seed + start, max_turns=max_turns, max_tokens=max_tokens,
@@ -121,12 +127,13 @@ def evaluate(model, tok, family, tasks, label: str, max_new_tokens: int, batch_s
                 t.info["status"] = "truncated"  # ran out of turns or context: a limit, not a wrong answer
         passed += [g[0].info["passed"] for g in groups]
         firsts += [g[0] for g in groups]
+        rewards += [float(g[0].reward) for g in groups]
         statuses += [t.info["status"] for g in groups for t in g]
         counts += [sum(t.info["passed"] for t in g) for g in groups]
         if on_batch:
             on_batch(len(chunk))
     return EvalResult(label, [t.task_id for t in tasks], passed, statuses, counts if samples > 1 else None, samples,
-                      agent_metrics(firsts) or None)
+                      agent_metrics(firsts) or None, rewards)
 
 
 def compare(base: EvalResult, trained: EvalResult) -> dict:

@@ -25,14 +25,17 @@ def _pct(x) -> str:
 
 
 def _stage_table(rows: dict) -> str:
-    head = ("<tr><th>stage</th><th>passed</th><th>pass@1</th><th>95% interval</th><th>submit</th><th>turns to submit</th>"
-            "<th>invalid calls</th><th>loops</th><th>repair rate</th></tr>")
+    credit = any("mean_reward" in r for r in rows.values())  # partial credit, where the family gives it
+    head = ("<tr><th>stage</th><th>passed</th><th>pass@1</th><th>95% interval</th>" + "<th>mean reward [95%]</th>" * credit +
+            "<th>submit</th><th>turns to submit</th><th>invalid calls</th><th>loops</th><th>repair rate</th></tr>")
     body = ""
     for stage, r in rows.items():
         a = r.get("agent") or {}
         tts = a.get("turns_to_submit")
+        mr = (f"<td>{r['mean_reward']:.3f} [{r['mean_reward_ci95'][0]:.3f}, {r['mean_reward_ci95'][1]:.3f}]</td>" if "mean_reward" in r
+              else "<td>-</td>") if credit else ""
         body += (f"<tr><td>{html.escape(stage)}</td><td>{r['passed']}/{r['n']}</td><td>{_pct(r['pass_rate'])}</td>"
-                 f"<td>[{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}]</td><td>{_pct(a.get('submit_rate'))}</td>"
+                 f"<td>[{100 * r['ci95'][0]:.1f}, {100 * r['ci95'][1]:.1f}]</td>{mr}<td>{_pct(a.get('submit_rate'))}</td>"
                  f"<td>{'-' if tts is None else f'{tts:.1f}'}</td><td>{a.get('invalid_calls', 0):.2f}</td>"
                  f"<td>{_pct(a.get('loop_rate'))}</td><td>{_pct(a.get('repair_rate'))}</td></tr>")
     return f"<table>{head}{body}</table>"
@@ -82,20 +85,38 @@ def _episode(ep: dict) -> str:
     return "".join(parts)
 
 
-def _episodes(run_dir: Path, stages: list[str], show: int) -> str:
-    def load(stage):
-        p = run_dir / f"episodes_{stage}.jsonl"
-        return {e["task_id"]: e for e in map(json.loads, p.read_text().splitlines())} if p.exists() else {}
+def _load_episodes(run_dir: Path, stage: str) -> dict:
+    p = run_dir / f"episodes_{stage}.jsonl"
+    return {e["task_id"]: e for e in map(json.loads, p.read_text().splitlines())} if p.exists() else {}
 
-    first, last = load(stages[0]), load(stages[-1])
+
+def shown_episodes(run_dir: Path, stages: list[str], show: int) -> list[tuple[str, dict, dict]]:
+    """(task id, first stage's episode, last stage's) of the held-out episodes the report shows:
+    those the last stage passed and the first did not, then the other passes, then the rest."""
+    first, last = _load_episodes(run_dir, stages[0]), _load_episodes(run_dir, stages[-1])
     if not first or not last or show <= 0:
-        return ""
+        return []
     common = [t for t in first if t in last]
     order = sorted(common, key=lambda t: (not (last[t]["passed"] and not first[t]["passed"]), not last[t]["passed"]))
+    return [(t, first[t], last[t]) for t in order[:show]]
+
+
+def picture_path(run_dir: Path, stage: str, task_id: str) -> Path:
+    """Where the pipeline puts a picture of what a shown episode built (families that render them)."""
+    return run_dir / "pictures" / f"{stage}__{task_id.replace('/', '_')}.png"
+
+
+def _picture(run_dir: Path, stage: str, task_id: str) -> str:
+    p = picture_path(run_dir, stage, task_id)
+    return f"<img src='{html.escape(p.relative_to(run_dir).as_posix())}' width='480' alt='the scene it built'>" if p.is_file() else ""
+
+
+def _episodes(run_dir: Path, stages: list[str], show: int) -> str:
     out = []
-    for tid in order[:show]:
-        out.append(f"<h3>{html.escape(tid)}</h3><div class='cols'><div><h4>{stages[0]}</h4>{_episode(first[tid])}</div>"
-                   f"<div><h4>{stages[-1]}</h4>{_episode(last[tid])}</div></div>")
+    for tid, a, b in shown_episodes(run_dir, stages, show):
+        out.append(f"<h3>{html.escape(tid)}</h3><div class='cols'>"
+                   f"<div><h4>{stages[0]}</h4>{_picture(run_dir, stages[0], tid)}{_episode(a)}</div>"
+                   f"<div><h4>{stages[-1]}</h4>{_picture(run_dir, stages[-1], tid)}{_episode(b)}</div></div>")
     return "".join(out)
 
 

@@ -8,7 +8,10 @@ Everything goes under `runs/<name>/`:
 - `rl/`: an online run (GRPO over the families' agent episodes) from the stage before, exported
   to `rl/model`;
 - `eval_<stage>.json` and `episodes_<stage>.jsonl`: each policy on the same held-out tasks
-  (per family, and each held-out sub-family apart), with its agent metrics and transcripts;
+  (per family, and each held-out sub-family apart), with its agent metrics, partial credit and
+  transcripts;
+- `pictures/`: for families that render what an episode built (scene3d), the report's shown
+  episodes, first and last stage;
 - `pipeline.json` (every figure) and `report.html`.
 A stage whose output exists is not run again, so an interrupted pipeline continues where it
 stopped. Ablations are the same pipeline with other `stages`: `[rl]` is RL from the base model
@@ -37,7 +40,7 @@ from longhaul.envs.datasets import write_jsonl
 from longhaul.errors import LonghaulError
 from longhaul.eval.envcheck import require_checked
 from longhaul.eval.passrate import EvalResult, evaluate
-from longhaul.eval.pipeline_report import write_pipeline_report
+from longhaul.eval.pipeline_report import picture_path, shown_episodes, write_pipeline_report
 from longhaul.eval.stats import mcnemar_exact, wilson
 from longhaul.hardware import native_bf16
 from longhaul.inference import LLMEngine
@@ -313,6 +316,27 @@ class Pipeline:
         _write_json(path, out)
 
     # ---- the whole -----------------------------------------------------------------------
+    def pictures(self, stages: list[str]) -> int:
+        """PNGs of what the report's shown episodes built, first and last stage, for families that
+        render them (`Family.render_episode`, e.g. scene3d); a picture that fails is left out with a
+        warning. Returns how many were written."""
+        tasks = {t.task_id: (name, t) for name, ts in self.eval_sets().items() for t in ts}
+        done = 0
+        for tid, *episodes in shown_episodes(self.dir, stages, self.cfg.eval.show):
+            name, task = tasks.get(tid, (None, None))
+            render = self.families[name.split("/")[0]].render_episode if name else None
+            if render is None:
+                continue
+            for stage, ep in zip((stages[0], stages[-1]), episodes):
+                out = picture_path(self.dir, stage, tid)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    render(task, ep.get("messages", []), out)
+                    done += 1
+                except LonghaulError as e:
+                    console.print(f"warning: no picture of {tid} at {stage}: {e}")
+        return done
+
     def run(self) -> dict:
         c = self.cfg
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -336,6 +360,7 @@ class Pipeline:
         self.timing["total"] = sum(v for k, v in self.timing.items() if not k.startswith("humaneval_"))
         summary = summarize(evals, self.timing, c)
         _write_json(self.dir / "pipeline.json", summary)
+        self.pictures(list(evals))
 
         report = write_pipeline_report(self.dir, summary)
         print_summary(summary)
@@ -345,9 +370,13 @@ class Pipeline:
 
 def _stage_row(results: dict[str, EvalResult], sets: list[str]) -> dict:
     passed = [p for k in sets for p in results[k].passed]
-    agent = EvalResult.concat([results[k] for k in sets]).agent if sets else None
-    return {"passed": sum(passed), "n": len(passed), "pass_rate": sum(passed) / max(1, len(passed)),
-            "ci95": list(wilson(sum(passed), len(passed))), "agent": agent}
+    joined = EvalResult.concat([results[k] for k in sets]) if sets else None
+    row = {"passed": sum(passed), "n": len(passed), "pass_rate": sum(passed) / max(1, len(passed)),
+           "ci95": list(wilson(sum(passed), len(passed))), "agent": joined.agent if joined else None}
+    if joined is not None and joined.rewards:
+        s = joined.summary(ks=(1,))
+        row.update(mean_reward=s["mean_reward"], mean_reward_ci95=s["mean_reward_ci95"])
+    return row
 
 
 def _paired(results_a: dict, results_b: dict, sets: list[str]) -> dict:
@@ -384,7 +413,7 @@ def print_summary(summary: dict) -> None:
     from rich.table import Table
 
     t = Table(title="held-out pass@1 (greedy, same tasks for every stage)")
-    for col in ("stage", "passed", "pass rate", "95% interval", "submit", "repair rate", "transfer", "HumanEval"):
+    for col in ("stage", "passed", "pass rate", "95% interval", "mean reward", "submit", "repair rate", "transfer", "HumanEval"):
         t.add_column(col)
     for stage, row in summary["stages"].items():
         ag = row.get("agent") or {}
@@ -392,7 +421,8 @@ def print_summary(summary: dict) -> None:
         he = summary["humaneval"].get(stage)
         fmt = lambda x: "-" if x is None else f"{100 * x:.0f}%"  # noqa: E731
         t.add_row(stage, f"{row['passed']}/{row['n']}", f"{100 * row['pass_rate']:.1f}%",
-                  f"[{100 * row['ci95'][0]:.1f}, {100 * row['ci95'][1]:.1f}]", fmt(ag.get("submit_rate")), fmt(ag.get("repair_rate")),
+                  f"[{100 * row['ci95'][0]:.1f}, {100 * row['ci95'][1]:.1f}]",
+                  f"{row['mean_reward']:.3f}" if "mean_reward" in row else "-", fmt(ag.get("submit_rate")), fmt(ag.get("repair_rate")),
                   f"{tr['passed']}/{tr['n']}" if tr else "-", f"{he['passed']}/{he['n']}" if he else "-")
     console.print(t)
     for key in [k for k in summary if k.endswith("_vs_sft") or k.endswith("_vs_base")]:
