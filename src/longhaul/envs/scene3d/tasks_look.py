@@ -45,7 +45,7 @@ def lighting(rng, d):
     w = stage(lit=False)
     (name, _, _, _), = place(rng, w, words(rng, 1, 2, 2))
     light = words(rng, 1, 2, 2, avoid=[name])[0] if d > 1 else "sun"
-    pos = [float(rng.choice((-5, -3, 3, 5))), float(rng.choice((6, 8, 10))), float(rng.choice((3, 5)))]
+    pos = [float(rng.choice((-6, -4, 4, 6))), float(rng.choice((5, 6, 8))), float(rng.choice((0, 1, 2)))]  # from the side: shadows in view
     intensity = float(pick(d, 1.5, rng.choice((1.2, 1.8, 2.4)), rng.choice((1.2, 1.8, 2.4))))
     values = {"type": "directional", "intensity": intensity, "cast_shadow": True}
     if d == 3:
