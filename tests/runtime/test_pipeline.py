@@ -27,6 +27,8 @@ def test_tiny_pipeline_runs_every_stage_on_the_same_tasks_and_continues(tmp_path
     rows = [json.loads(x) for x in (run / "demos.jsonl").read_text().splitlines()]
     assert rows and not any(r["subfamily"] == "fix_perms" for r in rows), "a held-out sub-family never reaches training"
     assert {"p_value", "gained", "lost"} <= set(summary["rl_vs_sft"])
+    assert 0 <= summary["stages"]["rl"]["mean_reward"] <= 1  # partial credit, kept in eval_<stage>.json and the episodes
+    assert all("reward" in json.loads(x) for x in (run / "episodes_base.jsonl").read_text().splitlines())
     assert (run / "sft" / "model" / "config.json").exists() and (run / "rl" / "model" / "config.json").exists()
     page = (run / "report.html").read_text()
     assert "Held-out sub-families" in page and "<pre>" in page and "<svg" in page

@@ -76,7 +76,7 @@ def _long_rows_autocast() -> str:
 def _transcript(t) -> dict:
     """An evaluated episode as episodes_<stage>.jsonl keeps it."""
     return {"task_id": t.info.get("task_id"), "passed": t.info.get("passed"), "status": t.info.get("status"),
-            "messages": t.info.get("messages", [])}
+            "reward": t.info.get("reward"), "messages": t.info.get("messages", [])}
 
 
 def _write_json(path: Path, data) -> None:
@@ -304,7 +304,7 @@ class Pipeline:
                 tasks = he.make_split("heldout", c.eval.humaneval_tasks, 1, None)
                 results["humaneval"] = evaluate(sampler, tok, he, tasks, stage, 384, batch_size=32,
                                                 on_batch=lambda n: prog.advance(bar, n))
-        fields = ("label", "task_ids", "passed", "statuses", "counts", "samples", "agent")
+        fields = ("label", "task_ids", "passed", "statuses", "counts", "samples", "agent", "rewards")
         out = {k: {f: getattr(r, f) for f in fields} for k, r in results.items()}
         path = self.dir / f"eval_{stage}.json"
         if not only_humaneval:
