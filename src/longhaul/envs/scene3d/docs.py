@@ -57,7 +57,8 @@ _STOP = frozenset(("a", "an", "and", "are", "as", "at", "be", "by", "can", "do",
 # world.SCHEMAS kinds in words; an unknown kind is shown as it is
 _KINDS = {"vec3": "[x, y, z]", "posvec3": "[x, y, z], each above 0", "color": "hex colour like \"#ff8800\"",
           "unit": "number from 0 to 1", "pos": "number above 0", "nonneg": "number, 0 or more", "num": "number",
-          "bool": "true or false"}
+          "bool": "true or false", "vec3list": "a list of [x, y, z] (at most 1,000)", "text": "one line of text",
+          "code": "JavaScript, the body of function(self, dt, ctx)", "asset": "an asset name (search_assets)"}
 
 
 @dataclass(frozen=True)
