@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from longhaul.envs.scene3d.browser import BrowserPool, shared_pool
+from longhaul.envs.scene3d.env import SceneEnv
 from longhaul.envs.scene3d.export import export_project
 from longhaul.envs.scene3d.family import DIFFICULTIES, SUBFAMILIES, VERSION, make_task
 from longhaul.envs.scene3d.verify import open_scene
@@ -63,8 +64,6 @@ def _shoot(ctx, load_ms: float, advance_s: float) -> bytes:
 
 def solved_world(task) -> World:
     """The world after the task's reference actions, replayed through the env's tools (as the oracle does)."""
-    from longhaul.envs.scene3d.env import SceneEnv
-
     env = SceneEnv()
     env.reset(task)
     for action in task.reference:
@@ -90,8 +89,6 @@ def render_task(task_or_world, out: Path, solved: bool = False, pool: BrowserPoo
 def episode_world(task, messages: list[dict]) -> World:
     """The world an episode left: the task's start with the episode's assistant replies replayed
     through the env's tools (they are pure edits of the world, so the replay is exact)."""
-    from longhaul.envs.scene3d.env import SceneEnv
-
     env = SceneEnv()
     env.reset(task)
     for m in messages:
