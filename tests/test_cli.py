@@ -106,16 +106,23 @@ def test_envcheck_json_names_families_tasks_valid_flaky_failing(tmp_path):
     assert (tmp_path / "home" / "envcheck" / "manifest.json").read_text() == before
 
 
+_LONG_EVAL = ("eval", "--model", "tiny-llama", "--suite", "terminal", "--n", "3", "--max-turns", "1", "--max-new-tokens", "2040", "--json")
+
+
+def test_eval_refuses_a_budget_past_the_context_and_an_unknown_subfamily(tmp_path):
+    r = run_cli(*_LONG_EVAL, cwd=tmp_path)  # a terminal prompt and 2,040 new tokens do not fit tiny-llama's own 2,048 positions
+    _assert_clean_error(r, "--context-length", tmp_path)
+    r = run_cli(*_LONG_EVAL, "--subfamilies", "nope", "--context-length", "8192", cwd=tmp_path)
+    _assert_clean_error(r, "sub-family list ['nope']; valid:", tmp_path)
+
+
+@pytest.mark.slow
 def test_eval_draws_from_named_subfamilies_with_a_longer_context(tmp_path):
     import json
 
-    args = ("eval", "--model", "tiny-llama", "--suite", "terminal", "--n", "3", "--max-turns", "1", "--max-new-tokens", "2040", "--json")
-    r = run_cli(*args, cwd=tmp_path)  # a terminal prompt and 2,040 new tokens do not fit tiny-llama's own 2,048 positions
-    _assert_clean_error(r, "--context-length", tmp_path)
+    args = _LONG_EVAL
     r = run_cli(*args, "--subfamilies", "sed_replace,fix_perms", "--context-length", "8192", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["n"] == 3 and set(res["by_subfamily"]) <= {"sed_replace", "fix_perms"}
     assert sum(g["n"] for g in res["by_subfamily"].values()) == 3
-    r = run_cli(*args, "--subfamilies", "nope", "--context-length", "8192", cwd=tmp_path)
-    _assert_clean_error(r, "sub-family list ['nope']; valid:", tmp_path)

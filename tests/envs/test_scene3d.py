@@ -324,7 +324,7 @@ def test_demonstrations_pass_and_repairs_really_fail(pool):
     from longhaul.agent.demos import build_demos
     from longhaul.envs.registry import families
 
-    rows = build_demos(families()["scene3d"], 4, variants=("reference", "explore", "repair"), workers=1)
+    rows = build_demos(families()["scene3d"], 2, variants=("reference", "explore", "repair"), workers=1)
     assert {r["variant"] for r in rows} == {"reference", "explore", "repair"}, [(r["task_id"], r["variant"]) for r in rows]
     for r in rows:
         calls = [m["content"] for m in r["messages"] if m["role"] == "assistant"]
