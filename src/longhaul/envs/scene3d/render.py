@@ -62,15 +62,23 @@ def _shoot(ctx, load_ms: float, advance_s: float) -> bytes:
     return page.locator("#view").screenshot(type="png")
 
 
-def solved_world(task) -> World:
-    """The world after the task's reference actions, replayed through the env's tools (as the oracle does)."""
+def _replay(task, replies: list[str], strict: bool = False) -> World:
+    """The task's start world with `replies` (assistant messages) run through the env's tools, up to
+    a submit; with `strict`, a reply whose first result is an error raises."""
     env = SceneEnv()
     env.reset(task)
-    for action in task.reference:
-        obs = env.step(action.text()).observations
-        if obs and obs[0]["content"].startswith("error"):
-            raise RuntimeError(f"{task.task_id}: the reference action {action.tool} failed: {obs[0]['content']}")
+    for reply in replies:
+        if env.submitted:
+            break
+        obs = env.step(reply).observations
+        if strict and obs and obs[0]["content"].startswith("error"):
+            raise RuntimeError(f"{task.task_id}: the reference call {reply!r:.80} failed: {obs[0]['content']}")
     return env.world
+
+
+def solved_world(task) -> World:
+    """The world after the task's reference actions, replayed through the env's tools (as the oracle does)."""
+    return _replay(task, [a.text() for a in task.reference], strict=True)
 
 
 def render_task(task_or_world, out: Path, solved: bool = False, pool: BrowserPool | None = None,
@@ -89,12 +97,7 @@ def render_task(task_or_world, out: Path, solved: bool = False, pool: BrowserPoo
 def episode_world(task, messages: list[dict]) -> World:
     """The world an episode left: the task's start with the episode's assistant replies replayed
     through the env's tools (they are pure edits of the world, so the replay is exact)."""
-    env = SceneEnv()
-    env.reset(task)
-    for m in messages:
-        if m.get("role") == "assistant" and not env.submitted:
-            env.step(m.get("content") or "")
-    return env.world
+    return _replay(task, [m.get("content") or "" for m in messages if m.get("role") == "assistant"])
 
 
 def render_episode(task, messages: list[dict], out: Path, pool: BrowserPool | None = None) -> Path:
