@@ -7,7 +7,7 @@ between the sampler and the trainer.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 
 
 @dataclass(frozen=True)
@@ -49,14 +49,18 @@ class Trajectory:
 
     def to_dict(self) -> dict:
         """A JSON-ready copy; `from_dict(json.loads(json.dumps(d)))` gives back an equal trajectory
-        (floats survive JSON exactly: Python writes the shortest repr that reads back the same)."""
-        return asdict(self)
+        (floats survive JSON exactly: Python writes the shortest repr that reads back the same).
+        Equal to `asdict(self)`, but turns are copied list by list: asdict visits every token id
+        (~1.3 us each, 2 ms a 1,000-token turn: most of the replay buffer's write-through)."""
+        d = asdict(replace(self, turns=[]))  # info may hold nested dataclasses; asdict converts them
+        d["turns"] = [{f.name: _copy_list(getattr(t, f.name)) for f in fields(t)} for t in self.turns]
+        return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Trajectory":
+    def from_dict(cls, d: dict) -> Trajectory:
         return cls([Turn(**t) for t in d["turns"]], d["reward"], d["group"], dict(d.get("info", {})))
 
-    def sequences(self) -> list["Sequence"]:
+    def sequences(self) -> list[Sequence]:
         """One training sequence per segment: the segment's first prompt, then every later token
         of the segment, model tokens with mask 1 and their behaviour log-probs, environment
         tokens (observations, template glue) with mask 0. A single-turn trajectory is one
@@ -79,6 +83,10 @@ class Trajectory:
             seq.turn_index += [k] * len(turn.completion_ids)
             seq.finish_reason = turn.finish_reason
         return out
+
+
+def _copy_list(v):
+    return list(v) if isinstance(v, list) else v
 
 
 @dataclass
