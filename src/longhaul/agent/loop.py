@@ -204,14 +204,16 @@ def _elide(tok, ep: _Episode, cfg: AgentConfig) -> None:
     ep.segment += 1
 
 
-def _finish(ep: _Episode, cfg: AgentConfig) -> Trajectory:
+def _finish(ep: _Episode, cfg: AgentConfig, score: Score | None = None) -> Trajectory:
+    """The episode as a Trajectory, scored by `score` where given (one verify shared by several
+    trajectories of one env), else by the env's verify()."""
     info = {**ep.info, "ended": ep.ended, "turns": len(ep.turns), "tool_calls": ep.tool_calls,
             "segments": ep.segment + 1 if ep.turns else 0, "submitted": ep.ended == "done", **ep.counts}
     if cfg.keep_messages:
         info["messages"] = [dict(m) for m in ep.messages]
     if ep.ended == "infra_error":
         score = Score(0.0, False, "infra_error")
-    else:
+    elif score is None:
         try:
             score = ep.env.verify()
         except Exception as e:  # the verifier's own failure is ours, not the model's
@@ -268,27 +270,15 @@ def _room(ep: _Episode, cfg: AgentConfig) -> int | None:
 
 def _take(tok, ep: _Episode, g: Generation, cfg: AgentConfig) -> None:
     """Record a reply, step the env with it and set up the next turn's prompt (or end the episode)."""
-    n = len(g.token_ids)
-    ep.turns.append(Turn(list(ep.ids), list(g.token_ids), list(g.logprobs), list(g.versions) or [g.version] * n, [1] * n,
-                         g.finish_reason, ep.segment))
+    _record(ep, g)
     reply = _reply_text(tok, g.token_ids)
     try:
         res = ep.env.step({"role": "assistant", "content": reply})
     except Exception as e:
         ep.ended, ep.info["infra_error"] = "infra_error", f"step: {type(e).__name__}: {e}"
         return
-    ep.turns[-1].reward = float(res.reward)
-    ep.tool_calls += res.info.get("tool_calls", 0)
-    if res.info.get("infra_error"):
-        ep.ended, ep.info["infra_error"] = "infra_error", res.info["infra_error"]
+    if not _absorb(ep, reply, res):
         return
-    for k in ("invalid_calls", "failed_calls"):
-        ep.counts[k] += res.info.get(k, 0)
-    ep.counts["repeated_calls"] += reply.strip() in ep.replies
-    ep.replies.add(reply.strip())
-    stuck = "invalid_calls" in res.info and res.info.get("tool_calls", 0) <= res.info["invalid_calls"]  # envs that count them
-    ep.idle = ep.idle + 1 if stuck else 0
-    ep.messages += [{"role": "assistant", "content": reply}, *res.observations]
     if res.terminated:
         ep.ended = "done"
         return
@@ -301,7 +291,38 @@ def _take(tok, ep: _Episode, g: Generation, cfg: AgentConfig) -> None:
     if cfg.max_idle_turns and ep.idle >= cfg.max_idle_turns:
         ep.ended, ep.info["truncated_by"] = "truncated", "idle"
         return
-    _advance(tok, ep, g.token_ids, cfg.prompt_mode)
+    _next_prompt(tok, ep, g.token_ids, cfg)
+
+
+def _record(ep: _Episode, g: Generation) -> None:
+    """Append a sampled reply as the episode's next Turn (prompt = the current ids)."""
+    n = len(g.token_ids)
+    ep.turns.append(Turn(list(ep.ids), list(g.token_ids), list(g.logprobs), list(g.versions) or [g.version] * n, [1] * n,
+                         g.finish_reason, ep.segment))
+
+
+def _absorb(ep: _Episode, reply: str, res) -> bool:
+    """Count a step's result and append the reply and its observations to the messages; False
+    (and the episode ended as `infra_error`) where the env reports a fault of its own."""
+    ep.turns[-1].reward = float(res.reward)
+    ep.tool_calls += res.info.get("tool_calls", 0)
+    if res.info.get("infra_error"):
+        ep.ended, ep.info["infra_error"] = "infra_error", res.info["infra_error"]
+        return False
+    for k in ("invalid_calls", "failed_calls"):
+        ep.counts[k] += res.info.get(k, 0)
+    ep.counts["repeated_calls"] += reply.strip() in ep.replies
+    ep.replies.add(reply.strip())
+    stuck = "invalid_calls" in res.info and res.info.get("tool_calls", 0) <= res.info["invalid_calls"]  # envs that count them
+    ep.idle = ep.idle + 1 if stuck else 0
+    ep.messages += [{"role": "assistant", "content": reply}, *res.observations]
+    return True
+
+
+def _next_prompt(tok, ep: _Episode, completion: list[int], cfg: AgentConfig) -> None:
+    """The next turn's prompt from the messages (eliding old outputs where the context asks);
+    the episode ends truncated when even that does not fit."""
+    _advance(tok, ep, completion, cfg.prompt_mode)
     if cfg.context == "elide" and len(ep.ids) + cfg.max_new_tokens > cfg.max_tokens:
         _elide(tok, ep, cfg)
     if len(ep.ids) >= cfg.max_tokens:
