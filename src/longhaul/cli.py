@@ -371,6 +371,9 @@ def serve_cmd(
                                         help="step the engine in its own process (default) or in a thread of the server"),
     speculative_config: Optional[str] = typer.Option(None, "--speculative-config",
                                                      help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\''),
+    kv_offload_gb: float = typer.Option(0.0, "--kv-offload-gb", help="host memory for KV blocks the pool evicts (0: off)"),
+    kv_offload_dir: Optional[str] = typer.Option(None, "--kv-offload-dir", help="a directory for evicted KV blocks on disk, shared by replicas of one model"),
+    kv_offload_disk_gb: float = typer.Option(4.0, "--kv-offload-disk-gb", help="the disk tier's bound"),
 ):
     """Serve a model over an OpenAI-compatible API (chat, completions, models, jobs, /metrics)."""
     from pydantic import ValidationError
@@ -382,7 +385,8 @@ def serve_cmd(
                           dtype=dtype, served_model_name=served_model_name, requests_per_minute=rpm, tokens_per_minute=tpm,
                           max_num_seqs=max_num_seqs, max_queued_requests=max_queued, max_model_len=max_model_len, queue=queue,
                           jobs_db=jobs_db, job_workers=job_workers, torch_threads=threads, device=device,
-                          engine_process=engine_process, speculative_config=_speculative_config(speculative_config))
+                          engine_process=engine_process, speculative_config=_speculative_config(speculative_config),
+                          kv_offload_memory_gb=kv_offload_gb, kv_offload_dir=kv_offload_dir, kv_offload_disk_gb=kv_offload_disk_gb)
     except ValidationError as e:
         err = e.errors()[0]
         raise LonghaulError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None

@@ -9,6 +9,7 @@ import typer
 import yaml
 
 from longhaul.cli import app as cli_app
+from longhaul.inference.kv_offload import KVOffload
 from longhaul.serve.app import create_app
 from longhaul.serve.config import ServeConfig
 
@@ -62,7 +63,7 @@ def test_autoscalers_use_the_exported_waiting_metric():
             def stats():
                 return dict.fromkeys(["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_queries",
                                       "prefix_cache_hits", "prompt_tokens_total", "generation_tokens_total",
-                                      "num_preemptions_total", "engine_threads", "thread_switches_total"], 0)
+                                      "num_preemptions_total", "engine_threads", "thread_switches_total"], 0) | KVOffload.no_stats()
 
     exported = {m.name for m in _EngineCollector("smollm2", Loop(), None).collect()}
     (scaled,) = docs("keda-scaledobject.yaml")

@@ -130,3 +130,23 @@ def test_a_server_with_a_speculative_config_counts_drafts(tmp_path):
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
         after = scrape(base)
     assert value(after, "spec_decode_num_draft_tokens_total") > 0
+
+
+def test_the_offload_tier_shows_its_hits_in_metrics(tmp_path):
+    from longhaul.inference.kv_cache import KVCache
+
+    mcfg = load_policy("tiny-llama")[0].config
+    per_token = KVCache.bytes_per_token(mcfg.num_hidden_layers, mcfg.num_key_value_heads,
+                                        mcfg.hidden_size // mcfg.num_attention_heads, torch.float32)
+    pool_gb = 48 * 16 * per_token / 2**30  # 48 blocks: a few requests fill it
+    with running_server(tmp_path, engine_process=False, kv_cache_memory_gb=pool_gb, kv_offload_memory_gb=0.05) as (base, _):
+        history = [{"role": "user", "content": "read the file parse.py and tell me which test fails, " * 3}]
+        ask = lambda msgs: httpx.post(base + "/v1/chat/completions", timeout=60,  # noqa: E731
+                                      json={"messages": msgs, "max_tokens": 4, "temperature": 0}).json()
+        reply = ask(history)["choices"][0]["message"]["content"]
+        for i in range(6):  # other clients' traffic evicts the history from the pool
+            ask([{"role": "user", "content": f"an unrelated question number {i} about something else, " * 3}])
+        ask(history + [{"role": "assistant", "content": reply}, {"role": "user", "content": "and then?"}])
+        after = scrape(base)
+    assert value(after, "kv_offload_host_hits_total") >= 64 and value(after, "kv_offload_stores_total") > 0
+    assert value(after, "kv_offload_host_bytes") > 0 and value(after, "kv_offload_disk_bytes") == 0

@@ -14,12 +14,23 @@ A hit checks the block's tokens as well as the hash, so only a collision of the 
 itself (64-bit) could alias two prefixes. The hit stops one token short of the sequence's
 end: the last token must be computed to produce logits.
 
-Cache statistics are in tokens, as vLLM's `prefix_cache_queries` / `prefix_cache_hits`.
+With an offload tier (`kv_offload.KVOffload`), an evicted block's K/V is copied there before
+the block is reused, and a prefix match that runs past the pool's cached blocks goes on in the
+tier: `match_prefix` returns pool block ids and `Offloaded` entries in prefix order, and
+`allocate` brings the offloaded ones back into fresh blocks, registered in the cache as if
+computed here. A hit that has gone from disk by then (another process's file) ends the hit.
+
+Cache statistics are in tokens, as vLLM's `prefix_cache_queries` / `prefix_cache_hits` (the
+pool's hits; the tiers count theirs).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+
+from longhaul.inference.kv_offload import KVOffload, Offloaded
+
+_ROOT = 0x6C6F6E67  # the parent of a sequence's first block (hash(None) is not the same in every process)
 
 
 class Block:
@@ -32,7 +43,9 @@ class Block:
 
 
 def chain_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
-    return hash((parent, token_ids))
+    """The key of a block: its tokens and every token before it (parent: the previous block's
+    key). Integers and tuples of them hash alike in every process, so keys name blocks on disk."""
+    return hash((_ROOT if parent is None else parent, token_ids))
 
 
 class BlockManager:
@@ -43,9 +56,11 @@ class BlockManager:
     many of its blocks are registered in the cache).
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 offload: KVOffload | None = None):
         self.num_blocks, self.block_size = num_blocks, block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.offload = offload if enable_prefix_caching else None
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # ref count 0, front = next out
         self.cached: dict[int, int] = {}  # chain hash -> block id
@@ -72,17 +87,23 @@ class BlockManager:
             hashes.append(chain_hash(hashes[-1] if hashes else None, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
         return hashes
 
-    def match_prefix(self, seq) -> list[int]:
-        """Cached blocks that hold a prefix of seq's tokens (not yet taken); `allocate` counts
-        the lookup, so a request that must wait is not counted twice."""
+    def match_prefix(self, seq) -> list[int | Offloaded]:
+        """Cached blocks that hold a prefix of seq's tokens (not yet taken): pool block ids, and
+        with an offload tier its `Offloaded` entries. `allocate` counts the lookup, so a request
+        that must wait is not counted twice."""
         if not self.enable_prefix_caching:
             return []
         bs, hit = self.block_size, []
         for i, h in enumerate(self.block_hashes(seq)[:(len(seq.token_ids) - 1) // bs]):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             bid = self.cached.get(h)
-            if bid is None or self.blocks[bid].token_ids != tuple(seq.token_ids[i * bs:(i + 1) * bs]):
+            if bid is not None and self.blocks[bid].token_ids == tokens:
+                hit.append(bid)
+                continue
+            held = self.offload.find(h, tokens) if self.offload is not None else None
+            if held is None:
                 break
-            hit.append(bid)
+            hit.append(held)
         return hit
 
     def cache_blocks(self, seq) -> None:
@@ -101,28 +122,44 @@ class BlockManager:
                 self.cached.setdefault(blk.hash, blk.block_id)
         seq.num_cached_blocks = full
 
-    def flush(self) -> None:
-        """Forget every cached prefix (after a weight update, their K/V are stale)."""
+    def flush(self, namespace: str | None = None) -> None:
+        """Forget every cached prefix, the offload tier's too (after a weight update, their K/V
+        are stale; the tier's later blocks go to `namespace`)."""
+        if self.offload is not None:
+            self.offload.flush(namespace)
         self.cached.clear()
         for blk in self.blocks:
             blk.hash, blk.token_ids = None, ()
 
     # ---- allocate / free -----------------------------------------------------------------
-    def can_allocate(self, seq, hit: list[int], num_new_tokens: int) -> bool:
-        """Room for a waiting seq to hold its `hit` blocks plus num_new_tokens after them."""
-        need = self.blocks_for(len(hit) * self.block_size + num_new_tokens) - len(hit)
-        unheld_hits = sum(1 for b in hit if self.blocks[b].ref_count == 0)  # taken out of the free queue
+    def can_allocate(self, seq, hit: list[int | Offloaded], num_new_tokens: int) -> bool:
+        """Room for a waiting seq to hold its `hit` blocks plus num_new_tokens after them
+        (offloaded hits come back into fresh blocks)."""
+        pool = [b for b in hit if isinstance(b, int)]
+        need = self.blocks_for(len(hit) * self.block_size + num_new_tokens) - len(pool)
+        unheld_hits = sum(1 for b in pool if self.blocks[b].ref_count == 0)  # taken out of the free queue
         return need <= len(self.free) - unheld_hits
 
-    def allocate(self, seq, hit: list[int], num_new_tokens: int) -> None:
-        """Give a waiting seq its cached prefix blocks and fresh blocks for num_new_tokens."""
+    def allocate(self, seq, hit: list[int | Offloaded], num_new_tokens: int) -> None:
+        """Give a waiting seq its cached prefix blocks (bringing offloaded ones back) and fresh
+        blocks for num_new_tokens."""
+        data = {}
+        for i, b in enumerate(hit):
+            if isinstance(b, Offloaded):
+                data[i] = self.offload.fetch(b)
+                if data[i] is None:  # gone from disk since the match: the hit ends here
+                    hit = hit[:i]
+                    break
+        pool = sum(isinstance(b, int) for b in hit)
         if self.enable_prefix_caching:
             self.prefix_cache_queries += len(seq.token_ids)
-            self.prefix_cache_hits += len(hit) * self.block_size
+            self.prefix_cache_hits += pool * self.block_size
         for b in hit:
-            self._take(b)
-        need = self.blocks_for(len(hit) * self.block_size + num_new_tokens) - len(hit)
-        seq.block_table = hit + [self._pop_free() for _ in range(need)]
+            if isinstance(b, int):
+                self._take(b)
+        table = [b if isinstance(b, int) else self._restore(b, data[i]) for i, b in enumerate(hit)]
+        fresh = self.blocks_for(len(hit) * self.block_size + num_new_tokens) - len(hit)
+        seq.block_table = table + [self._pop_free() for _ in range(fresh)]
         seq.num_computed_tokens = len(hit) * self.block_size
         seq.num_cached_blocks = len(hit)
         seq.kv_stale = False  # what it computes from here is under one set of weights
@@ -169,8 +206,20 @@ class BlockManager:
         if not self.free:
             raise RuntimeError("no free KV block; the scheduler must check can_allocate/can_append first")
         bid, _ = self.free.popitem(last=False)
-        self._forget(self.blocks[bid])
+        blk = self.blocks[bid]
+        if self.offload is not None and blk.hash is not None and self.cached.get(blk.hash) == bid:
+            self.offload.put(blk.hash, blk.token_ids, bid)  # evicted: its K/V goes down a tier
+        self._forget(blk)
         self.blocks[bid].ref_count = 1
+        return bid
+
+    def _restore(self, hit: Offloaded, data) -> int:
+        """A fresh block holding an offloaded hit's K/V, registered in the cache."""
+        bid = self._pop_free()
+        self.offload.load(bid, data)
+        blk = self.blocks[bid]
+        blk.hash, blk.token_ids = hit.hash, hit.token_ids
+        self.cached[hit.hash] = bid
         return bid
 
     def _take(self, bid: int) -> None:

@@ -28,6 +28,12 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens: int = Field(2048, ge=1)  # token budget a step; longer prompts are prefilled in chunks
     max_model_len: int | None = Field(None, ge=2)  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True  # RL groups share one prompt; the cache prefills it once
+    # KV offload tiers under the prefix cache (kv_offload.py): blocks the pool evicts are kept in host memory, then on
+    # disk, and come back on a prefix hit instead of being prefilled again. Off by default: memory is the user's call
+    kv_offload_memory_gb: float = Field(0.0, ge=0)  # host tier
+    kv_offload_dir: str | None = None  # disk tier (files other engine processes with the same weights can read)
+    kv_offload_disk_gb: float = Field(4.0, gt=0)  # the disk tier's bound, when kv_offload_dir is set
+    kv_offload_namespace: str | None = None  # the weights' source, with the settings naming the shared files; None: model
     # int8: per-output-channel int8 projections and LM head (quant.py), half the weight bytes of bf16;
     # q8_0 / q4_0 / q4_1: llama.cpp's block formats quantized at load, LM head in q8_0 (quant_blocks.py);
     # gguf: the block-quantized tensors of the model's own GGUF file, as stored (gguf_weights.py)

@@ -41,6 +41,7 @@ from longhaul.inference.block_manager import BlockManager
 from longhaul.inference.config import EngineConfig
 from longhaul.inference.engine_loop import EngineLoop
 from longhaul.inference.kv_cache import KVCache
+from longhaul.inference.kv_offload import KVOffload, weights_namespace
 from longhaul.inference.kv_quant import kv_bytes_per_token, make_kv_cache
 from longhaul.inference.model_runner import BatchItem, ModelRunner
 from longhaul.inference.outputs import RequestOutput, output_of
@@ -76,7 +77,11 @@ class LLMEngine:
         if cfg.quantization:
             self.runner.pack_weights(*_packers(cfg, self.runner, model if isinstance(model, (str, Path)) else None))
         self.runner.drop_plain()  # the packed projections are all the engine keeps of them
-        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        source = cfg.kv_offload_namespace or (str(model) if isinstance(model, (str, Path)) else None)
+        self.kv_namespace = None if source is None else \
+            weights_namespace(source, cfg.dtype, cfg.quantization, cfg.block_size, cfg.kv_cache_dtype)  # None: private
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, _make_offload(cfg, self.kv,
+                                                                                                               self.kv_namespace))
         self.scheduler = Scheduler(self.block_manager, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         self.vocab_size = self.runner.embed.shape[0]
         self.eos_token_ids = _eos_ids(hf, tokenizer)
@@ -267,6 +272,7 @@ class LLMEngine:
                     seq.kv_stale = True
             else:
                 self.scheduler.preempt_all()
+            self.kv_namespace = None  # new weights: the offload tier's blocks are this engine's alone
             self.block_manager.flush()
             self.weight_version = int(version)
         return loaded
@@ -292,15 +298,16 @@ class LLMEngine:
             live = len(self.scheduler.running) + len(self.scheduler.waiting)
             if live:
                 raise LonghaulError(f"the engine has {live} requests in flight and cannot sleep; finish or abort them first")
-            self.block_manager.flush()
+            self.block_manager.flush(self.kv_namespace)
             freed = self.kv.discard()
             if self.spec is not None and self.spec.draft is not None:
                 freed += self.spec.draft.kv.discard()
             return freed
 
     def flush_prefix_cache(self) -> None:
+        """Forget every cached block, the offload tiers' too."""
         with self._step_lock:
-            self.block_manager.flush()
+            self.block_manager.flush(self.kv_namespace)
 
     def stats(self) -> dict[str, float | int]:
         """Current gauges and counters under vLLM's metric names."""
@@ -318,6 +325,7 @@ class LLMEngine:
             "weight_version": self.weight_version,
             "engine_threads": self.step_threads,  # intra-op threads of the last step (0: none yet)
             "thread_switches_total": self.threads.switches if self.threads is not None else 0,
+            **(bm.offload.stats() if bm.offload is not None else KVOffload.no_stats()),
         }
 
 
@@ -335,6 +343,16 @@ def _packers(cfg: EngineConfig, runner: ModelRunner, model: str | Path | None):
         return packer, packer
     return ((lambda w, b: (BlockLinear.from_float(w, q, b, dtype), None)),
             (lambda w, b: (BlockLinear.from_float(w, "q8_0", b, dtype), None)))  # llama.cpp's head format
+
+
+def _make_offload(cfg: EngineConfig, kv: KVCache, namespace: str | None) -> KVOffload | None:
+    if cfg.kv_offload_memory_gb <= 0 and cfg.kv_offload_dir is None:
+        return None
+    if not cfg.enable_prefix_caching:
+        raise LonghaulError("the KV offload tier keeps the prefix cache's evicted blocks and prefix caching is off; "
+                            "set enable_prefix_caching true or drop kv_offload_memory_gb / kv_offload_dir")
+    return KVOffload(kv, int(cfg.kv_offload_memory_gb * 2**30), cfg.kv_offload_dir, int(cfg.kv_offload_disk_gb * 2**30),
+                     namespace)
 
 
 def _make_kv_cache(cfg: EngineConfig, mcfg, max_model_len: int) -> KVCache:

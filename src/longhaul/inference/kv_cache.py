@@ -25,6 +25,8 @@ class KVCache:
     attention weight would still propagate.
     """
 
+    offloadable = True  # a block's K/V is a plain slice: `read_block` / `write_block` move it whole
+
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         self.num_layers, self.num_blocks, self.block_size = num_layers, num_blocks, block_size
@@ -62,6 +64,17 @@ class KVCache:
         bs = self.block_size
         self.k[:, dst * bs:(dst + 1) * bs] = self.k[:, src * bs:(src + 1) * bs]
         self.v[:, dst * bs:(dst + 1) * bs] = self.v[:, src * bs:(src + 1) * bs]
+
+    def read_block(self, block_id: int) -> list[torch.Tensor]:
+        """A copy of one block's keys and values in every layer (the offload tier keeps it)."""
+        bs = self.block_size
+        return [t[:, block_id * bs:(block_id + 1) * bs].clone() for t in (self.k, self.v)]
+
+    def write_block(self, block_id: int, data: list[torch.Tensor]) -> None:
+        """Put back what `read_block` returned, into block `block_id`."""
+        bs = self.block_size
+        for t, d in zip((self.k, self.v), data):
+            t[:, block_id * bs:(block_id + 1) * bs] = d
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2

@@ -30,6 +30,8 @@ from longhaul.inference.quant import KVQuant, kv_preset, quantize_kv, unpack_int
 class QuantizedKVCache(KVCache):
     """`KVCache` with int8/int4 storage; `gather` returns `dtype` (float32 by default)."""
 
+    offloadable = False  # a block's codes live in rows and staging buffers, not one slice
+
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", fmt: KVQuant | str = "int8",
                  staging_blocks: int = 16):

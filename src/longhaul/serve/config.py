@@ -26,6 +26,11 @@ class ServeConfig(BaseModel):
     max_num_seqs: int = Field(32, ge=1)  # sequences a step; >= the clients a replica is sized for
     max_num_batched_tokens: int = Field(2048, ge=16)  # per-step token budget (prefill chunks + decodes)
     kv_cache_memory_gb: float = Field(1.0, gt=0)
+    # KV offload tiers (EngineConfig's): evicted prefix blocks kept in host memory / on disk, brought back on a hit;
+    # an agent's next turn after a slow tool call skips the prefill of its history. Off unless given
+    kv_offload_memory_gb: float = Field(0.0, ge=0)
+    kv_offload_dir: str | None = None  # replicas of the same model pointed at one directory share its blocks
+    kv_offload_disk_gb: float = Field(4.0, gt=0)
     torch_threads: int | None = Field(None, ge=1)  # None: torch's default (all cores)
     # The engine steps in a process of its own, so HTTP, tokenization and streaming never take its GIL (vLLM's
     # engine core does the same); false keeps it in a thread of the server (one process: embedders, debugging)

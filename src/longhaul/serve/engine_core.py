@@ -56,7 +56,10 @@ def build_engine(config):
     model, tok = load_model(c.model)
     engine = LLMEngine(model=model, tokenizer=tok, dtype=resolve_dtype(c.dtype), device=c.device, max_num_seqs=c.max_num_seqs,
                        max_num_batched_tokens=c.max_num_batched_tokens, max_model_len=c.max_model_len,
-                       kv_cache_memory_gb=c.kv_cache_memory_gb, seed=c.seed, speculative_config=c.speculative_config)
+                       kv_cache_memory_gb=c.kv_cache_memory_gb, seed=c.seed, speculative_config=c.speculative_config,
+                       kv_offload_memory_gb=c.kv_offload_memory_gb, kv_offload_dir=c.kv_offload_dir,
+                       kv_offload_disk_gb=c.kv_offload_disk_gb,
+                       kv_offload_namespace=c.model)  # the weights' source: replicas of one model share blocks
     return engine, tok
 
 

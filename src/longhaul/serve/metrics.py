@@ -2,9 +2,12 @@
 
 Owns the registry behind `/metrics`. Read from the engine at scrape time: gauges
 `num_requests_running`, `num_requests_waiting` (the engine's waiting queue plus requests
-accepted but not yet handed to it), `kv_cache_usage_perc`; counters `prefix_cache_queries`,
-`prefix_cache_hits` (tokens), `prompt_tokens`, `generation_tokens`, `num_preemptions`,
-`spec_decode_num_draft_tokens`, `spec_decode_num_accepted_tokens` (exposed with `_total`).
+accepted but not yet handed to it), `kv_cache_usage_perc`, `kv_offload_host_bytes`,
+`kv_offload_disk_bytes`; counters `prefix_cache_queries`, `prefix_cache_hits` (tokens found in
+the pool), `kv_offload_host_hits`, `kv_offload_disk_hits` (tokens each offload tier gave back: a
+tier's hit rate is its hits over the queries), `kv_offload_stores` (blocks), `prompt_tokens`,
+`generation_tokens`, `num_preemptions`, `spec_decode_num_draft_tokens`,
+`spec_decode_num_accepted_tokens` (exposed with `_total`).
 Observed per request in the engine loop (`observe`): histograms
 `time_to_first_token_seconds`, `inter_token_latency_seconds` (between a request's outputs),
 `e2e_request_latency_seconds`, `request_queue_time_seconds` (accepted -> first scheduled);
@@ -38,7 +41,9 @@ class _EngineCollector:
         gauges = {"num_requests_running": (s["num_requests_running"], "Requests in the running batch."),
                   "num_requests_waiting": (s["num_requests_waiting"] + self.loop.num_pending, "Requests waiting to be scheduled."),
                   "kv_cache_usage_perc": (s["kv_cache_usage_perc"], "KV-cache usage, 1 = full."),
-                  "engine_threads": (s["engine_threads"], "Intra-op threads of the engine's last step.")}
+                  "engine_threads": (s["engine_threads"], "Intra-op threads of the engine's last step."),
+                  "kv_offload_host_bytes": (s["kv_offload_host_bytes"], "Bytes of KV blocks in the host-memory offload tier."),
+                  "kv_offload_disk_bytes": (s["kv_offload_disk_bytes"], "Bytes of KV blocks this engine keeps on disk.")}
         for name, (value, doc) in gauges.items():
             g = GaugeMetricFamily(f"longhaul:{name}", doc, labels=["model_name"])
             g.add_metric([self.model_name], float(value))
@@ -49,6 +54,9 @@ class _EngineCollector:
                     "generation_tokens": (s["generation_tokens_total"], "Generated tokens."),
                     "num_preemptions": (s["num_preemptions_total"], "Preemptions by recompute."),
                     "thread_switches": (s["thread_switches_total"], "Changes of the engine's intra-op thread count."),
+                    "kv_offload_stores": (s["kv_offload_stores_total"], "KV blocks evicted from the pool into the offload tiers."),
+                    "kv_offload_host_hits": (s["kv_offload_host_hits"], "Prompt tokens brought back from host memory."),
+                    "kv_offload_disk_hits": (s["kv_offload_disk_hits"], "Prompt tokens brought back from disk."),
                     "spec_decode_num_draft_tokens": (spec.get("spec_decode_num_draft_tokens", 0), "Drafted tokens."),
                     "spec_decode_num_accepted_tokens": (spec.get("spec_decode_num_accepted_tokens", 0), "Accepted drafts.")}
         for name, (value, doc) in counters.items():
