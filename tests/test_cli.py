@@ -116,6 +116,19 @@ def test_eval_refuses_a_budget_past_the_context_and_an_unknown_subfamily(tmp_pat
     _assert_clean_error(r, "sub-family list ['nope']; valid:", tmp_path)
 
 
+def test_eval_takes_a_rope_extension_and_refuses_a_bad_one(tmp_path):
+    import json
+
+    r = run_cli("eval", "--model", "tiny-llama", "--suite", "echo", "--n", "2", "--max-new-tokens", "8", "--json",
+                "--rope-scaling", '{"rope_type": "yarn", "factor": 2}', cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["n"] == 2
+    r = run_cli("eval", "--model", "tiny-llama", "--suite", "echo", "--rope-scaling", '{"rope_type": "yarn"', cwd=tmp_path)
+    _assert_clean_error(r, "--rope-scaling is not JSON", tmp_path)
+    r = run_cli("eval", "--model", "tiny-llama", "--suite", "echo", "--rope-scaling", '{"rope_type": "ntk", "factor": 2}', cwd=tmp_path)
+    _assert_clean_error(r, "is not one of linear, dynamic, yarn, llama3", tmp_path)
+
+
 @pytest.mark.slow
 def test_eval_draws_from_named_subfamilies_with_a_longer_context(tmp_path):
     import json

@@ -24,6 +24,8 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks with results writ
 app.add_typer(bench_app, name="bench")
 scene_app = typer.Typer(no_args_is_help=True, help="Look at scene3d scenes.")
 app.add_typer(scene_app, name="scene")
+team_app = typer.Typer(no_args_is_help=True, help="Teams of agents that share a workspace (docs/teams.md).")
+app.add_typer(team_app, name="team")
 
 
 @app.command()
@@ -68,6 +70,8 @@ def eval_cmd(
     subfamilies: Optional[str] = typer.Option(None, "--subfamilies", help="comma-separated sub-families to draw from (default all)"),
     context_length: Optional[int] = typer.Option(None, "--context-length",
                                                  help="the model's context in tokens (default its own): room for long multi-turn episodes"),
+    rope_scaling: Optional[str] = typer.Option(None, "--rope-scaling",
+                                               help='RoPE extension as JSON, e.g. \'{"rope_type": "yarn", "factor": 4}\' (linear, dynamic, yarn, llama3)'),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
 ):
     """Greedy pass rate of a model on held-out tasks of a family, with a 95% interval."""
@@ -77,7 +81,7 @@ def eval_cmd(
 
     import torch
 
-    from longhaul.config import RunConfig
+    from longhaul.config import validate_config
     from longhaul.rl.grpo import frozen_copy
     from longhaul.runtime.setup import evaluate_heldout, prepare
 
@@ -86,10 +90,14 @@ def eval_cmd(
     if context_length is not None and context_length < 16:
         raise LonghaulError(f"--context-length must be >= 16 tokens, got {context_length}")
     subs = [x.strip() for x in subfamilies.split(",") if x.strip()] if subfamilies else None
-    cfg = RunConfig.model_validate({"model": {"name": model, "context_length": context_length},
-                                    "task": {"family": suite, "difficulty": difficulty, "require_envcheck": False, "subfamilies": subs},
-                                    "train": {"steps": 0}, "eval": {"n_tasks": n, "max_new_tokens": max_new_tokens, "max_turns": max_turns},
-                                    "log": {"progress": not json_out}})
+    try:
+        scaling = json.loads(rope_scaling) if rope_scaling is not None else None
+    except json.JSONDecodeError as e:
+        raise LonghaulError(f"--rope-scaling is not JSON ({e.msg}); pass e.g. '{{\"rope_type\": \"yarn\", \"factor\": 4}}'") from None
+    cfg = validate_config({"model": {"name": model, "context_length": context_length, "rope_scaling": scaling},
+                           "task": {"family": suite, "difficulty": difficulty, "require_envcheck": False, "subfamilies": subs},
+                           "train": {"steps": 0}, "eval": {"n_tasks": n, "max_new_tokens": max_new_tokens, "max_turns": max_turns},
+                           "log": {"progress": not json_out}})
     prep = prepare(cfg, training=False)
     from longhaul.hardware import resolve_dtype
 
@@ -423,6 +431,51 @@ def scene_render(
     from longhaul.envs.scene3d.render import render_target
 
     print(render_target(dir_or_task, Path(out), solved, time_s))
+
+
+@team_app.command("run")
+def team_run(
+    workflow: str = typer.Option(..., "--workflow", help="coder_tester, navigator_driver, a YAML file, or package.module:Name"),
+    family: str = typer.Option("bugfix", "--family", help="a workspace family (bugfix, multistep, terminal, ...) or package.module:Name"),
+    n: int = typer.Option(2, "--n", help="episodes (one task each)"),
+    policy: str = typer.Option("scripted", "--policy", help="scripted (the tasks' reference solutions) or a model for every role"),
+    out: str = typer.Option(..., "--out", help="JSONL file for the per-role trajectories"),
+    split: str = typer.Option("train", "--split"),
+    difficulty: int = typer.Option(1, "--difficulty"),
+    model: Optional[str] = typer.Option(None, "--model", help="with --policy scripted: the model whose tokenizer encodes the replies"),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", help="per reply, with a model"),
+    temperature: float = typer.Option(1.0, "--temperature"),
+    seed: int = typer.Option(0, "--seed"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
+):
+    """Run team episodes of a workflow and write one trajectory per role per episode."""
+    import json
+
+    from contextlib import contextmanager
+
+    from longhaul.agent.team_run import run_workflow
+    from longhaul.envs import get_family
+    from longhaul.runtime.progress import console, progress_bar
+
+    @contextmanager
+    def bar(name, total):
+        with progress_bar(True, stderr=json_out) as prog:
+            t = prog.add_task(f"team {name}", total=total, info="")
+            yield lambda k: prog.advance(t, k)
+
+    if n < 1:
+        raise LonghaulError(f"--n must be >= 1, got {n}")
+    res = run_workflow(workflow, get_family(family), n, policy, out, split, difficulty, model, max_new_tokens, temperature,
+                       seed, progress_factory=bar)
+    if json_out:
+        print(json.dumps(res))
+        return
+    console.print(f"{res['workflow']} on {res['family']}: {res['passed']}/{res['episodes'] - res['infra_errors']} passed "
+                  f"({100 * res['pass_rate']:.0f}%), {res['truncated']} truncated, {res['infra_errors']} infra errors")
+    console.print(f"{'role':12s} {'turns':>6s} {'replies':>8s} {'tokens':>8s} {'invalid':>8s} {'messages':>9s}")
+    for role, r in res["roles"].items():
+        console.print(f"{role:12s} {r['turns']:6d} {r['replies']:8d} {r['tokens']:8d} {r['invalid_calls']:8d} {r['messages_sent']:9d}")
+    console.print(f"wrote {sum(r['episodes'] for r in res['roles'].values())} trajectories to {res['out']}")
 
 
 @model_app.command("prepare")

@@ -413,6 +413,11 @@ def load_config(path: str | Path | None, overrides: list[str] = (), model: type[
             raise LonghaulError(f"override {item!r} must look like key.sub=value")
         key, raw = item.split("=", 1)
         _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw else "")
+    return validate_config(tree, model)
+
+
+def validate_config(tree: dict, model: type[BaseModel] = RunConfig):
+    """The config a tree of sections describes, or one line that names the bad key."""
     try:
         return model.model_validate(tree)
     except ValidationError as e:
