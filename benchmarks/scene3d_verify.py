@@ -16,10 +16,9 @@ Prints a table and writes the JSON atomically.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,20 +31,10 @@ from longhaul.envs.scene3d.render import solved_world
 from longhaul.envs.scene3d.verify import verify_project
 from longhaul.runtime.progress import progress_bar
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cpu_model, pct, write_json  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "scene3d_verify.json"
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def pct(xs: list[float], q: float) -> float:
-    """The q-quantile of xs (nearest rank)."""
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q * len(s)) - 1))]
 
 
 def prepare(n: int, difficulty: int, root: Path) -> list[dict]:
@@ -144,11 +133,7 @@ def main() -> None:
     a = ap.parse_args()
     result = run(a.n, a.difficulty, a.timeout)
     print(table(result))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, a.out)
-    print(f"wrote {a.out}")
+    write_json(result, a.out)
 
 
 if __name__ == "__main__":
