@@ -2,10 +2,12 @@
 
 Owns finished groups of trajectories (one group = one task's samples) from the moment a worker
 hands them over until the trainer has consumed them: bounded (`put` waits for room, so a fast
-producer is held back instead of growing memory), indexed by weight version and by task,
-sampled in FIFO, recency or priority order, and written through to a JSONL log so that a crash
-loses no finished group. Every group carries a unique id (request, task, round); a second copy
-of an id (a requeued request that had in fact finished) is rejected.
+producer is held back instead of growing memory), indexed by weight version, by task and by
+role, sampled in FIFO, recency or priority order, and written through to a JSONL log so that a
+crash loses no finished group. A multi-agent episode puts one group a role (its trajectories
+carry `info["role"]`), and the trainer takes a role's groups with `take(..., role=...)`;
+single-agent groups have no role (None). Every group carries a unique id (request, task,
+round); a second copy of an id (a requeued request that had in fact finished) is rejected.
 
 The log holds one `put` line per group and one `take` line per trainer step naming the ids it
 consumed. `ReplayBuffer.open(path, resume_step=k)` rebuilds the buffer as it stood after step k:
@@ -48,12 +50,17 @@ class Entry:
         """The oldest weight version behind any token of the group."""
         return min((t.min_version for t in self.group), default=0)
 
+    @property
+    def role(self) -> str | None:
+        """The role whose samples the group holds (a multi-agent episode's); None for a single agent."""
+        return self.group[0].info.get("role") if self.group else None
+
     def to_json(self) -> dict:
         return {"op": "put", "uid": self.uid, "step": self.step, "round": self.round, "index": self.index,
                 "task_id": self.task_id, "priority": self.priority, "group": [t.to_dict() for t in self.group]}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Entry":
+    def from_json(cls, d: dict) -> Entry:
         return cls(d["uid"], d["step"], d["round"], d["index"], d["task_id"], [Trajectory.from_dict(t) for t in d["group"]],
                    d.get("priority", 0.0))
 
@@ -73,6 +80,7 @@ class ReplayBuffer:
         self._seen: set[str] = set()  # every uid ever put (consumed ones too): duplicates are rejected
         self._by_version: dict[int, set[str]] = {}
         self._by_task: dict[str, set[str]] = {}
+        self._by_role: dict[str | None, set[str]] = {}
         self._cond = threading.Condition()
         self._seq = 0
         self._log = None
@@ -80,6 +88,8 @@ class ReplayBuffer:
         self.duplicates_rejected = 0
         self.put_total = 0
         self.taken_total = 0
+        self.put_wait_s = 0.0  # producers held back by a full buffer (the trainer is behind)
+        self.take_wait_s = 0.0  # the trainer waiting for groups (the rollouts are behind)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._log = path.open("a", encoding="utf-8")
@@ -88,13 +98,20 @@ class ReplayBuffer:
     def put(self, entry: Entry, timeout: float | None = None) -> bool:
         """Add a group; False if its uid was seen before (nothing is written). Waits while the
         buffer is full (raises TimeoutError after `timeout` seconds)."""
+        roles = {t.info.get("role") for t in entry.group}
+        if len(roles) > 1:
+            raise ValueError(f"group {entry.uid} mixes roles {sorted(map(str, roles))}; put each role's samples as a group of its own")
+        line = json.dumps(entry.to_json()) if self.path is not None else ""  # encoded before the lock: other callers go on
         with self._cond:
             if entry.uid in self._seen:
                 self.duplicates_rejected += 1
                 return False
-            if not self._cond.wait_for(lambda: len(self._entries) < self.capacity, timeout):
+            t0 = time.perf_counter()
+            room = self._cond.wait_for(lambda: len(self._entries) < self.capacity, timeout)
+            self.put_wait_s += time.perf_counter() - t0
+            if not room:
                 raise TimeoutError(f"replay buffer full ({self.capacity} groups) for {timeout}s: the trainer is not consuming")
-            self._write(entry.to_json())
+            self._write(line)
             self._admit(entry)
             self.put_total += 1
             self._cond.notify_all()
@@ -107,24 +124,35 @@ class ReplayBuffer:
         self._entries[entry.uid] = entry
         self._by_version.setdefault(entry.version, set()).add(entry.uid)
         self._by_task.setdefault(entry.task_id, set()).add(entry.uid)
+        self._by_role.setdefault(entry.role, set()).add(entry.uid)
 
     # ---- consumer side ----------------------------------------------------------------
-    def take(self, n: int, step: int, select=None, timeout: float | None = None, order: Order | None = None) -> list[Entry]:
-        """Remove and return `n` entries for training step `step`, waiting until that many match
-        `select(entry)` (default: all). The consumption is logged under `step`."""
+    def take(self, n: int, step: int, select=None, timeout: float | None = None, order: Order | None = None,
+             role: str | None = None) -> list[Entry]:
+        """Remove and return `n` entries for training step `step`, waiting until that many of
+        `role`'s groups (default: any role's) match `select(entry)` (default: all). The
+        consumption is logged under `step`."""
         pick = select or (lambda e: True)
         with self._cond:
-            ok = self._cond.wait_for(lambda: sum(1 for e in self._entries.values() if pick(e)) >= n, timeout)
+            t0 = time.perf_counter()
+            ok = self._cond.wait_for(lambda: sum(1 for e in self._candidates(role) if pick(e)) >= n, timeout)
+            self.take_wait_s += time.perf_counter() - t0
             if not ok:
-                raise TimeoutError(f"waited {timeout}s for {n} groups for step {step}; {len(self._entries)} buffered")
-            chosen = self._ordered([e for e in self._entries.values() if pick(e)], order or self.order)[:n]
+                which = f" of role {role!r}" if role is not None else ""
+                raise TimeoutError(f"waited {timeout}s for {n} groups{which} for step {step}; {len(self._entries)} buffered")
+            chosen = self._ordered([e for e in self._candidates(role) if pick(e)], order or self.order)[:n]
             self._remove(chosen, step)
             return chosen
 
-    def select(self, pick) -> list[Entry]:
-        """The buffered entries matching `pick`, in FIFO order (nothing is removed)."""
+    def select(self, pick, role: str | None = None) -> list[Entry]:
+        """The buffered entries of `role` (default: any) matching `pick`, in FIFO order (nothing is removed)."""
         with self._cond:
-            return self._ordered([e for e in self._entries.values() if pick(e)], "fifo")
+            return self._ordered([e for e in self._candidates(role) if pick(e)], "fifo")
+
+    def _candidates(self, role: str | None):
+        if role is None:
+            return self._entries.values()
+        return [self._entries[u] for u in self._by_role.get(role, ())]
 
     def wait_change(self, timeout: float) -> None:
         """Sleep until something is put or taken, or `timeout` passes."""
@@ -134,10 +162,10 @@ class ReplayBuffer:
     def note(self, row: dict) -> None:
         """Append a control row (the controller's request submissions) to the log."""
         with self._cond:
-            self._write(row)
+            self._write(json.dumps(row))
 
     def notes(self, op: str) -> list[dict]:
-        """The control rows of kind `op` this buffer was opened with (see `open`)."""
+        """The control rows of kind `op` (not "put") this buffer was opened with (see `open`)."""
         return [r for r in self._opened_rows if r["op"] == op]
 
     def drop(self, entries: list[Entry], step: int) -> None:
@@ -148,10 +176,12 @@ class ReplayBuffer:
     def _remove(self, chosen: list[Entry], step: int, dropped: bool = False) -> None:
         for e in chosen:
             del self._entries[e.uid]
-            self._by_version[e.version].discard(e.uid)
-            self._by_task[e.task_id].discard(e.uid)
+            for index, key in ((self._by_version, e.version), (self._by_task, e.task_id), (self._by_role, e.role)):
+                index[key].discard(e.uid)
+                if not index[key]:  # an index keeps no empty keys: a long run's memory stays flat
+                    del index[key]
         if chosen:
-            self._write({"op": "drop" if dropped else "take", "step": step, "uids": [e.uid for e in chosen]})
+            self._write(json.dumps({"op": "drop" if dropped else "take", "step": step, "uids": [e.uid for e in chosen]}))
         if not dropped:
             self.taken_total += len(chosen)
         self._cond.notify_all()
@@ -186,13 +216,22 @@ class ReplayBuffer:
     def versions(self) -> dict[int, int]:
         """Buffered groups per weight version."""
         with self._cond:
-            return {v: len(u) for v, u in sorted(self._by_version.items()) if u}
+            return {v: len(u) for v, u in sorted(self._by_version.items())}
+
+    def by_role(self, role: str | None) -> list[Entry]:
+        with self._cond:
+            return [self._entries[u] for u in sorted(self._by_role.get(role, ()))]
+
+    def roles(self) -> dict[str | None, int]:
+        """Buffered groups per role (None: single-agent groups)."""
+        with self._cond:
+            return {r: len(u) for r, u in sorted(self._by_role.items(), key=lambda kv: (kv[0] is not None, kv[0] or ""))}
 
     # ---- persistence ------------------------------------------------------------------
-    def _write(self, row: dict) -> None:
+    def _write(self, line: str) -> None:
         if self._log is None:
             return
-        self._log.write(json.dumps(row) + "\n")
+        self._log.write(line + "\n")
         self._log.flush()
         os.fsync(self._log.fileno())  # a finished group survives a crash of this process
 
@@ -203,7 +242,7 @@ class ReplayBuffer:
                 self._log = None
 
     @classmethod
-    def open(cls, path: Path, capacity: int, order: Order = "fifo", resume_step: int | None = None) -> "ReplayBuffer":
+    def open(cls, path: Path, capacity: int, order: Order = "fifo", resume_step: int | None = None) -> ReplayBuffer:
         """A buffer over the log at `path`. With `resume_step`, the log is rewritten to the state
         after that step (see the module docstring) and its entries are loaded; without, a log
         left there is an error (it belongs to another run)."""
@@ -218,7 +257,7 @@ class ReplayBuffer:
             os.replace(tmp, path)
         live = _live(kept)
         buf = cls(max(capacity, len(live)), path, order)
-        buf._opened_rows = kept
+        buf._opened_rows = [r for r in kept if r["op"] != "put"]  # control rows; the groups live in the entries
         for row in kept:
             if row["op"] != "put":
                 continue
