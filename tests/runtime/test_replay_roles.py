@@ -1,5 +1,6 @@
 """The replay buffer with multi-agent groups: a role index beside the version and task ones,
-take and select by role, resume keeps roles, single-agent logs unchanged."""
+take and select by role, resume keeps roles, single-agent logs unchanged; and the pool
+benchmark's core at a tiny size."""
 
 import json
 from dataclasses import asdict
@@ -98,3 +99,21 @@ def test_put_wait_counts_a_full_buffer():
     with pytest.raises(TimeoutError, match="full"):
         buf.put(_entry(2, "coder"), timeout=0.05)
     assert buf.put_wait_s >= 0.05 and buf.take_wait_s == 0.0
+def test_pool_benchmark_runs_at_a_tiny_size(tmp_path):
+    from benchmarks.multi_agent_pool import PoolBench, main_result, run
+
+    cfg = PoolBench(turns=256, roles=4, group=2, turns_per_role=2, workers=2, episodes_per_step=2, gen_tok_s=0.0,
+                    prompt=(60, 120), completion=(5, 20), train_tokens=32, sample_s=0.05)
+    res = run(cfg, "async", tmp_path / "async")
+    assert res["turns"] >= 256 and res["groups_put"] == res["groups_taken"] == res["episodes"] * 4
+    assert set(res["taken_by_role"]) == {"role0", "role1", "role2", "role3"}
+    assert len(set(res["taken_by_role"].values())) == 1, "the trainer reads every role alike"
+    assert res["updates"] == res["steps"] * 4 and 0 <= res["staleness_mean"] <= res["staleness_max"] <= res["steps"]
+    assert 0 <= res["pool_share"] < 1 and res["rss_mb"]["end"] > 0 and res["samples"]
+    puts = [json.loads(line) for line in (tmp_path / "async" / "buffer.jsonl").read_text().splitlines()]
+    assert sum(r["op"] == "put" for r in puts) == res["groups_put"]
+    out = tmp_path / "multi_agent_pool.json"
+    main_result(cfg, [res], out)
+    data = json.loads(out.read_text())
+    assert data["runs"][0]["mode"] == "async" and data["config"]["turns"] == 256 and "host" in data
+    assert out.with_suffix(".html").read_text().startswith("<!doctype html>")
