@@ -450,7 +450,6 @@ def team_run(
 ):
     """Run team episodes of a workflow and write one trajectory per role per episode."""
     import json
-
     from contextlib import contextmanager
 
     from longhaul.agent.team_run import run_workflow

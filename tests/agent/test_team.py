@@ -88,6 +88,13 @@ def test_a_role_with_no_policy_is_refused():
     assert "\n" not in str(e.value)
 
 
+def test_a_misspelled_key_is_named_with_its_fix():
+    wf = edit(CODER_TESTER)
+    wf["roles"][0] = {**wf["roles"][0], "tols": []}
+    with pytest.raises(LonghaulError, match=r"workflow 'x': unknown config key 'roles.0.tols'; did you mean roles.0.tools\?"):
+        workflow_from(wf, "x")
+
+
 def test_shipped_workflows_load_against_the_workspace_families():
     for fam in ("bugfix", "multistep"):
         for name in ("coder_tester", "navigator_driver"):

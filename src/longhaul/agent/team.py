@@ -270,9 +270,9 @@ def run_team_episode(wf: Workflow, policies: dict[str, Policy], tok, env, task, 
                 raise _Cut("max_turns")
             if m.role.max_turns is not None and m.turns >= m.role.max_turns:
                 raise _Cut(f"role_turns:{name}")
-            outcome = _turn(tok, team, m)
-            m.turns += 1
+            m.turns += 1  # counted as it starts: a turn a budget cuts short is still one taken
             team.turns += 1
+            outcome = _turn(tok, team, m)
             team.submitted |= outcome == "submit"
             name = order.send(outcome)
     except StopIteration:

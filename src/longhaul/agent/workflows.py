@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from longhaul.config import Section, _explain
+from longhaul.config import Section, validate_config
 from longhaul.errors import LonghaulError
 
 END = "end"  # the graph node that ends an episode
@@ -138,9 +138,11 @@ def workflow_from(obj, where: str) -> Workflow:
     if not isinstance(obj, dict):
         raise LonghaulError(f"workflow {where!r} is a {type(obj).__name__}; give a Workflow or a mapping of its fields")
     try:
-        return Workflow.model_validate(obj)
-    except ValidationError as e:
-        raise LonghaulError(f"workflow {where!r}: {_explain(e, Workflow)}") from None
+        return validate_config(obj, Workflow)
+    except LonghaulError as e:
+        if str(e).startswith("workflow "):  # our own refusals name the workflow already
+            raise
+        raise LonghaulError(f"workflow {where!r}: {e}") from None
 
 
 def load_workflow(spec: str, family=None) -> Workflow:
