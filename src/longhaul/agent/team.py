@@ -320,10 +320,10 @@ def _close_team(team: _Team, env, task, ended: str, why: str | None, rewards: di
 
 
 def run_team(wf: Workflow, policies: dict[str, Policy], tok, make_env: Callable, tasks: list,
-             cfg: AgentConfig = AgentConfig(), episodes: list[str] | None = None, workers: int = 1,
-             on_done: Callable | None = None) -> list[list[Trajectory]]:
-    """One team episode per task: per episode, one Trajectory per role (role order), grouped by
-    task (`group` = the task's index). Episodes run `workers` at a time where every policy takes
+             cfg: AgentConfig = AgentConfig(), episodes: list[str] | None = None, groups: list[int] | None = None,
+             workers: int = 1, on_done: Callable | None = None) -> list[list[Trajectory]]:
+    """One team episode per task (repeat a task for a group): per episode, one Trajectory per role
+    (role order); `groups` sets Trajectory.group (default the task's index). Episodes run `workers` at a time where every policy takes
     concurrent calls; `on_done(trajectories)` after each."""
     missing = sorted({r.policy for r in wf.roles} - set(policies))
     if missing:
@@ -334,7 +334,7 @@ def run_team(wf: Workflow, policies: dict[str, Policy], tok, make_env: Callable,
     def one(i: int) -> list[Trajectory]:
         trajs = run_team_episode(wf, policies, tok, make_env(tasks[i]), tasks[i], episodes[i], cfg, rewards)
         for t in trajs:
-            t.group = i
+            t.group = groups[i] if groups else i
         if on_done:
             on_done(trajs)
         return trajs
