@@ -246,8 +246,21 @@ def agent_rollout(results: Path) -> str:
             f"{d['repeats']}; host: {d['host']}.\n")
 
 
+def multi_agent_pool(results: Path) -> str:
+    """The replay pool under a 4-role team: its rates and costs, updates, stalls and memory, async beside sync."""
+    d = load(results, "multi_agent_pool.json")
+    rows = [[r["mode"], f"{r['turns']:,}", f"{r['wall_s']:.0f}", f"{r['turns_per_s']:.1f}", f"{r['writes_per_s']:.1f}",
+             f"{r['reads_per_s']:.1f}", f"{r['put_ms_per_group']:.2f} / {r['take_ms_per_group']:.2f}", f"**{100 * r['pool_share']:.2f}%**",
+             pct(r["update_share"]), pct(r["generate_share"]), f"{r['stall_s']:.2f} s ({pct(r['stall_share'])})",
+             f"{r['rss_mb']['warm']:.0f} -> {r['rss_mb']['end']:.0f} ({100 * r['rss_mb']['growth']:+.1f}%)",
+             f"{r['staleness_mean']:.2f}"] for r in d["runs"]]
+    return (table(["mode", "turns", "wall s", "turns/s", "groups written/s", "groups read/s", "put / take ms a group", "pool share", "updates share",
+                   "generation share", "rollout stall", "RSS MB warm-up -> end", "staleness"], rows)
+            + f"\nHost: {d['host']}; measured {d['measured_at'][:10]}.\n")
+
+
 TABLES = {f.__name__: f for f in (agent_demo, agent_rollout, decode, decode_zen4, engine, quant_quality, rl_step, rl_step_phases, sandbox_throughput, envcheck, contention,
-                                   async_vs_sync, async_scale, serve_load, serve_engine_process, scheduler_sim, scheduler_load)}
+                                   async_vs_sync, async_scale, serve_load, serve_engine_process, scheduler_sim, scheduler_load, multi_agent_pool)}
 
 
 def render_page(text: str, results: Path) -> str:
