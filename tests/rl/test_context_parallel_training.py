@@ -1,6 +1,8 @@
-"""Context-parallel SFT (`train.context_parallel`, `rl.context_parallel.packed`): two gloo processes,
-each running its zigzag shard of every packed micro-batch, give one process's loss and parameter
-gradients, by ring and by Ulysses attention, full fine-tuning and LoRA, over packed micro-batches
+"""Context-parallel SFT and DPO (`train.context_parallel`, `rl.context_parallel.packed`): two gloo
+processes, each running its zigzag shard of every packed micro-batch, give one process's loss and
+parameter gradients, by ring and by Ulysses attention, full fine-tuning and LoRA (DPO: the sigmoid
+loss on summed log-probs and IPO on per-token means, against the padded single-process path),
+over packed micro-batches
 of several documents (two micro-batches accumulated, one padded to the 2N chunks) and over a row
 whose loss tokens all sit on rank 0 (rank 1 still joins the backward). An SFT run with
 `train.context_parallel=2` trains like one process. And the one-line errors."""
@@ -53,7 +55,37 @@ def _trainer(attention: str | None, lora: bool, packing: bool = True):
 def _gradients(trainer, rows) -> tuple[float, dict]:
     """The batch's loss and the trainable parameters' gradients after one `backward`."""
     loss = trainer.backward(rows)
+    loss = loss["loss"] if isinstance(loss, dict) else loss
     return loss, {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+DPO_CASES = {"dpo sigmoid ring": ("sigmoid", "ring"), "dpo ipo_norm ulysses": ("ipo_norm", "ulysses")}  # (loss, attention)
+
+
+def _pairs() -> list:
+    """Five (chosen, rejected) pairs sharing a prompt (masked out), answers of 2-9 tokens; micro-batches
+    of two pairs: three of them, the last a single pair."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for prompt, nc, nr in ((6, 4, 7), (9, 2, 5), (4, 9, 3), (7, 5, 5), (3, 3, 8)):
+        p = torch.randint(3, 200, (prompt,), generator=g).tolist()
+        c, r = (torch.randint(3, 200, (n,), generator=g).tolist() for n in (nc, nr))
+        out.append(((p + c, [0] * prompt + [1] * nc), (p + r, [0] * prompt + [1] * nr)))
+    return out
+
+
+def _dpo_trainer(loss: str, attention: str | None):
+    from longhaul.models import load_policy
+    from longhaul.rl.context_parallel.packed import ContextGroup
+    from longhaul.rl.dpo import DPOTrainer
+
+    policy, tok = load_policy("tiny-llama")
+    context = ContextGroup(attention) if attention else None
+    trainer = DPOTrainer(policy, tok.pad_token_id, AlgoConfig(name="dpo", dpo_loss=loss), TRAIN, _pairs(), context=context)
+    with torch.no_grad():  # the policy moves away from its reference, so the loss depends on every score
+        for p in policy.parameters():
+            p.mul_(1.05)
+    return trainer
 
 
 def _rank(rank: int, world: int, init: str, path: str, out) -> None:
@@ -61,6 +93,7 @@ def _rank(rank: int, world: int, init: str, path: str, out) -> None:
     with _gloo_group(rank, world, init):
         got = {(case, name): _gradients(_trainer(attention, lora), rows)
                for case, (attention, lora) in CASES.items() for name, rows in _rows().items()}
+        got |= {(case, "pairs"): _gradients(_dpo_trainer(loss, attention), _pairs()) for case, (loss, attention) in DPO_CASES.items()}
         try:
             _trainer("ring", False, packing=False)
             refused = ""
@@ -82,12 +115,15 @@ def test_two_ranks_give_one_process_loss_and_gradients(tmp_path):
     got = torch.load(path)
     lines, bad = [], []
     for (case, name), (loss, grads) in got.items():
-        ref_loss, ref = _gradients(_trainer(None, CASES[case][1]), _rows()[name])
+        if case in DPO_CASES:
+            ref_loss, ref = _gradients(_dpo_trainer(DPO_CASES[case][0], None), _pairs())
+        else:
+            ref_loss, ref = _gradients(_trainer(None, CASES[case][1]), _rows()[name])
         scale = max(g.abs().max().item() for g in ref.values())
         d_loss = abs(loss - ref_loss) / abs(ref_loss)
         d_grad = max((grads[n] - ref[n]).abs().max().item() for n in ref) / scale
         assert grads.keys() == ref.keys()
-        lines.append(f"{case:9} {name:7} loss {ref_loss:.5f} rel diff {d_loss:.2e}  grads max diff / max |grad| {d_grad:.2e}")
+        lines.append(f"{case:20} {name:7} loss {ref_loss:.5f} rel diff {d_loss:.2e}  grads max diff / max |grad| {d_grad:.2e}")
         bad += [lines[-1]] if d_loss > TOL_LOSS or d_grad > TOL_GRAD else []
     print("context_parallel=2 against one process:\n" + "\n".join(lines))
     assert not bad, f"over loss {TOL_LOSS:g} / gradients {TOL_GRAD:g}:\n" + "\n".join(bad)
@@ -141,7 +177,27 @@ def test_bad_context_parallel_settings_get_one_line(tmp_path):
     cfg = _sft_config(tmp_path, "x", "train.context_parallel=2")
     with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 splits each packed row over 2 processes; set data.packing=true$"):
         check(cfg.model_copy(update={"data": cfg.data.model_copy(update={"packing": False})}), splits=True)
-    with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 splits packed SFT rows; algo.name=sft does not take it; "):
+    with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 splits packed SFT rows and DPO answers; algo.name=sft does not "):
         check(cfg, splits=False)
     with pytest.raises(LonghaulError, match=r"not a prompt shared by several completions; set train.share_prompt=false$"):
         document_ids(pack_shared([5, 6, 7], [[8, 9], [10, 11, 12]], pad_id=0))
+
+
+@pytest.mark.slow  # a follower process starts: ~10 s on 2 loaded cores
+def test_a_dpo_run_split_over_two_processes_trains_like_one(tmp_path):
+    from longhaul.runtime.offline import run_offline
+
+    rows = tmp_path / "pairs.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"name a colour {i}", "chosen": c, "rejected": r}) + "\n"
+                            for i, (c, r) in enumerate([("red", "seven"), ("blue", "chair"), ("green", "runs"), ("amber", "nine"),
+                                                        ("teal", "table"), ("violet", "jumps")])))
+
+    def run(name: str, *more: str) -> list[float]:
+        cfg = load_config(None, [f"name={name}", f"output_dir={tmp_path}", "model.name=tiny-llama", "algo.name=dpo", f"data.path={rows}",
+                                 "data.packing=true", "data.max_length=64", "data.batch_size=4", "train.steps=2", "train.micro_batch=2",
+                                 "train.autocast=none", "train.lr=1e-3", "threads=1", "log.progress=false", "log.tensorboard=false", *more])
+        run_offline(cfg)
+        return [r["loss"] for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+    one, two = run("one"), run("two", "train.context_parallel=2")
+    assert len(one) == 2 and one == pytest.approx(two, rel=1e-5)

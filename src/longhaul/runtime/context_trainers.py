@@ -1,10 +1,11 @@
-"""Context-parallel trainers for an offline SFT run: `train.context_parallel: N` starts N-1 follower
+"""Context-parallel trainers for an offline SFT or DPO run: `train.context_parallel: N` starts N-1 follower
 processes beside this one in one process group (`runtime.trainers.Followers`) and gives the run
 loop one trainer with the usual `step` / `evaluate` / `state_dict` / `load_state_dict`, and `close`.
 
 Rank 0 (this process) keeps the data, the logging and the checkpoints. Each step it broadcasts the
-rows; every rank runs `SFTTrainer` with a `ContextGroup` over the whole group, on its zigzag shard of
-each packed micro-batch, and takes the same optimizer step on the gradient summed over the group, so
+rows; every rank runs `SFTTrainer` (or `DPOTrainer`, which first gets every item rank 0 has, to
+score its reference on) with a `ContextGroup` over the whole group, on its zigzag shard of each
+packed micro-batch, and takes the same optimizer step on the gradient summed over the group, so
 the weights stay equal on every rank and rank 0's are the run's. The followers start from rank 0's
 trainable weights (broadcast once); on resume each reads the checkpoint rank 0 resumes from.
 
@@ -26,6 +27,7 @@ from longhaul.models import load_policy
 from longhaul.models.lora import apply_lora
 from longhaul.rl.checkpoint import load_trainer_state, load_weights
 from longhaul.rl.context_parallel.packed import ContextGroup, check_model
+from longhaul.rl.dpo import DPOTrainer
 from longhaul.rl.sft import SFTTrainer
 from longhaul.runtime.notice import leave_to_the_parent
 from longhaul.runtime.trainers import Followers, join_group
@@ -33,26 +35,31 @@ from longhaul.runtime.trainers import Followers, join_group
 
 def check(cfg: RunConfig, splits: bool, policy=None) -> None:
     """One-line errors for a context-parallel config the run cannot take; `splits`: the algorithm's
-    trainer splits its rows (SFT); `policy`: the model too (`context_parallel.packed.check_model`)."""
+    trainer splits its rows (SFT, DPO); `policy`: the model too (`context_parallel.packed.check_model`)."""
     n = cfg.train.context_parallel
     if n == 1:
         return
     if not splits:
-        raise LonghaulError(f"train.context_parallel={n} splits packed SFT rows; algo.name={cfg.algo.name} does not take it; "
-                            f"set train.context_parallel=1")
+        raise LonghaulError(f"train.context_parallel={n} splits packed SFT rows and DPO answers; algo.name={cfg.algo.name} does not "
+                            f"take it; set train.context_parallel=1")
     if not cfg.data.packing:
         raise LonghaulError(f"train.context_parallel={n} splits each packed row over {n} processes; set data.packing=true")
     if policy is not None:
         check_model(policy, n, cfg.train.context_attention)
 
 
-def _sft_trainer(cfg: RunConfig, policy, tok) -> SFTTrainer:
-    """This rank's SFT trainer over the whole group, from rank 0's trainable weights."""
+def _trainer(cfg: RunConfig, policy, tok, items: list | None):
+    """This rank's trainer over the whole group, from rank 0's trainable weights (and for DPO, rank
+    0's `items`: the followers pass None and receive them)."""
     with torch.no_grad():
         for p in policy.parameters():
             if p.requires_grad:  # the rest comes from the same file (or seed) on every rank
                 dist.broadcast(p.data, src=0)
     context = ContextGroup(cfg.train.context_attention)
+    if cfg.algo.name == "dpo":
+        box = [items]
+        dist.broadcast_object_list(box, src=0)
+        return DPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, box[0], context=context)
     return SFTTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.data.packing, cfg.data.pack_length or cfg.data.max_length,
                       context=context)
 
@@ -69,7 +76,7 @@ def _follower(rank: int, world: int, init: str, cfg_json: str, threads: int) -> 
         t = cfg.train
         if t.lora_r:
             policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
-        trainer = _sft_trainer(cfg, policy, tok)
+        trainer = _trainer(cfg, policy, tok, None)
         while True:
             box = [None]
             dist.broadcast_object_list(box, src=0)
@@ -87,16 +94,16 @@ def _follower(rank: int, world: int, init: str, cfg_json: str, threads: int) -> 
 
 
 class ContextParallelTrainer:
-    """Rank 0's SFT trainer of a context-parallel run; the other ranks run in child processes."""
+    """Rank 0's SFT or DPO trainer of a context-parallel run; the other ranks run in child processes."""
 
-    def __init__(self, cfg: RunConfig, policy, tok):
+    def __init__(self, cfg: RunConfig, policy, tok, items: list | None = None):
         self.world = cfg.train.context_parallel
         check_model(policy, self.world, cfg.train.context_attention)  # here, before any process starts
         threads = cfg.threads or max(1, torch.get_num_threads() // self.world)  # the ranks share the cores
         torch.set_num_threads(threads)
         self.followers = Followers(self.world, "context-parallel trainer")
         self.followers.start(_follower, cfg.model_dump_json(), threads)
-        self.inner = _sft_trainer(cfg, policy, tok)
+        self.inner = _trainer(cfg, policy, tok, items)
 
     def _tell(self, kind: str, arg) -> None:
         self.followers.check_alive()

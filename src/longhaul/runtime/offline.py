@@ -97,6 +97,8 @@ def _build_rm(cfg, policy, tok, items):
 
 def _build_dpo(cfg, policy, tok, items):
 
+    if cfg.train.context_parallel > 1:
+        return Built(ContextParallelTrainer(cfg, policy, tok, items), policy)
     return Built(DPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, items), policy)
 
 
@@ -115,7 +117,8 @@ RM = OfflineAlgo(lambda tok, row, cfg: tuple(ids for ids, _ in _encode_pair(tok,
                              ("margin", "reward margin")))
 DPO = OfflineAlgo(_encode_pair, _build_dpo, lambda item: sum(item[0][1][1:]) > 0 and sum(item[1][1][1:]) > 0,
                              (("loss", "train loss"), ("rewards/accuracies", "train preference accuracy"),
-                              ("heldout/accuracy", "held-out preference accuracy"), ("rewards/margins", "reward margin")))
+                              ("heldout/accuracy", "held-out preference accuracy"), ("rewards/margins", "reward margin")),
+                             context_parallel=True)
 DISTILL = OfflineAlgo(_encode_sft, _build_distill, _sft_tokens,
                                  (("loss", "train divergence"), ("heldout/divergence", "held-out divergence"), ("grad_norm", "gradient norm")))
 
@@ -210,7 +213,7 @@ def _train(cfg: RunConfig, spec: OfflineAlgo, built: Built, tok, data: tuple[lis
         set_rng_state(state["rng"])
         start = state["step"]
         console.print(f"resuming from {ckpt} (step {start})")
-    log = MetricsLog(run_dir, cfg.log.tensorboard, resume_step=start if resume else None)
+    log = MetricsLog(run_dir, cfg, resume_step=start if resume else None)
     before = None
     if heldout and start == 0:
         before = trainer.evaluate(heldout)

@@ -3,7 +3,7 @@
 Owns `ContextGroup`: one rank's place in the group, what it does to a `packed_forward.PackedBatch`
 (`shard`: this rank's zigzag share of the flat row, its tokens, in-document positions for RoPE,
 document ids and the completion tokens it predicts), the step's collectives (`reduce_gradients`,
-`sum`) and the checks of a split (`check_model`, `check_split`). `ContextShard` rides in the sharded batch and is the attention `packed_forward.hidden_states`
+`sum`, `sum_rows`) and the checks of a split (`check_model`, `check_split`). `ContextShard` rides in the sharded batch and is the attention `packed_forward.hidden_states`
 calls in place of its own (`ring` or `ulysses`, by name); everything else in the forward
 (embeddings, norms, projections, MLP, the LM head) runs on the local rows unchanged.
 
@@ -116,6 +116,14 @@ class ContextGroup:
             for g, part in zip(grads[start:end], flat.split([g.numel() for g in grads[start:end]])):
                 g.copy_(part.view_as(g))
             start = end
+
+    def sum_rows(self, part: torch.Tensor) -> torch.Tensor:
+        """`part` summed over the group, differentiable in this rank's part only: the other ranks'
+        shares enter as constants, so a loss of the sum, the same on every rank, backpropagates
+        each rank's own share of the gradient, and `reduce_gradients` adds them up."""
+        whole = part.detach().clone()
+        dist.all_reduce(whole, op=dist.ReduceOp.SUM, group=self.group)
+        return part + (whole - part.detach())
 
     def sum(self, value: float) -> float:
         """A number summed over the group (each rank's share of a loss -> the batch's loss)."""
