@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from longhaul.errors import LonghaulError
 from longhaul.hardware import resolve_autocast, resolve_dtype
 from longhaul.runtime.algorithms import ALGORITHMS
+from longhaul.runtime.trackers import TRACKERS
 
 
 class Section(BaseModel):
@@ -283,8 +284,44 @@ class SchedulingConfig(Section):
 
 
 class LogConfig(Section):
-    tensorboard: bool = True
+    """Where a run's metrics go besides metrics.jsonl, which always has them (docs/training.md#trackers)."""
+    # trackers (tensorboard, mlflow, wandb, trackio), each an optional dependency (pip install
+    # 'longhaul[trackers]'), refused at the start when missing; None: tensorboard when installed
+    report_to: list[str] | None = None
+    project: str = "longhaul"  # the project (MLflow: experiment) each tracker files the run under; the run is `name`
+    tables_every: int = Field(10, ge=0)  # a table of the step's episodes to the trackers every N steps (online runs); 0: none
     progress: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tensorboard_alias(cls, data):
+        """`tensorboard: true/false`, the key before report_to: false takes tensorboard out of
+        report_to, true puts it in (with report_to unset, true is the default's meaning)."""
+        if not isinstance(data, dict) or "tensorboard" not in data:
+            return data
+        data = dict(data)
+        on, given = data.pop("tensorboard"), data.get("report_to")
+        given = [given] if isinstance(given, str) else given
+        if not on:
+            data["report_to"] = [n for n in given or [] if n != "tensorboard"]
+        elif given is not None and "tensorboard" not in given:
+            data["report_to"] = [*given, "tensorboard"]
+        return data
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _trackers(cls, v):
+        if v is None:
+            return v
+        names = [v] if isinstance(v, str) else v
+        if not isinstance(names, list):
+            raise ValueError("report_to must be a list of trackers, e.g. [tensorboard, wandb]")
+        for n in names:
+            if n not in TRACKERS:
+                near = difflib.get_close_matches(str(n), TRACKERS, n=1)
+                raise ValueError(f"unknown tracker {n!r}; {'did you mean ' + near[0] + '? ' if near else ''}"
+                                 f"choose from {', '.join(TRACKERS)}")
+        return list(dict.fromkeys(names))
 
 
 class RunConfig(Section):

@@ -24,7 +24,7 @@ SUBMIT = '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>'
 
 
 def write_metrics(d: Path, steps: range) -> None:
-    log = MetricsLog(d, tensorboard=False)
+    log = MetricsLog(d)
     for s in steps:
         log.write(s, {"reward": 0.1 * s, "pass_rate": 0.05 * s, "kl": 0.01 / s, "agent/turns": 2.0 + s % 3, "step_time": 1.5})
     log.close()

@@ -77,7 +77,7 @@ def test_a_diverged_metric_is_served_as_missing_with_a_warning(client, root):
 
 def test_a_rewritten_metrics_file_resets_the_reader(client, root):
     assert client.get("/api/runs/live/metrics").json()["next"] == 2
-    MetricsLog(root / "live", tensorboard=False, resume_step=1)  # a resume drops the steps it will redo
+    MetricsLog(root / "live", resume_step=1)  # a resume drops the steps it will redo
     got = client.get("/api/runs/live/metrics?after=2").json()
     assert got["reset"] and [r["step"] for r in got["rows"]] == [1]
 

@@ -119,11 +119,11 @@ class Episodes:
             traj = (row.get("group") or [{}])[member]
             info = dict(traj.get("info") or {})
             msgs = info.pop("messages", None)
-            turns = _from_messages(msgs, [t.get("reward") for t in traj.get("turns") or []]) if msgs else \
-                _from_tokens(traj.get("turns") or [], _tokenizer((read_config(d)[1].get("model") or {}).get("name")))
+            turns = message_turns(msgs, [t.get("reward") for t in traj.get("turns") or []]) if msgs else \
+                token_turns(traj.get("turns") or [], _tokenizer((read_config(d)[1].get("model") or {}).get("name")))
         else:
             info = {k: v for k, v in row.items() if k != "messages"}
-            turns = _from_messages(row.get("messages") or [], [])
+            turns = message_turns(row.get("messages") or [], [])
         return {**summary, "turns": turns, "info": info}
 
 
@@ -131,7 +131,7 @@ def _calls(message: dict) -> list[dict]:
     return [{"name": c.name, "arguments": c.arguments, "error": c.error} for c in parse_message(message)]
 
 
-def _from_messages(msgs: list[dict], rewards: list) -> list[dict]:
+def message_turns(msgs: list[dict], rewards: list) -> list[dict]:
     """Chat messages as turns; the k-th assistant message carries the k-th turn reward when known."""
     out, k = [], 0
     for m in msgs:
@@ -144,7 +144,7 @@ def _from_messages(msgs: list[dict], rewards: list) -> list[dict]:
     return out
 
 
-def _from_tokens(turns: list[dict], tok) -> list[dict]:
+def token_turns(turns: list[dict], tok) -> list[dict]:
     """Token turns decoded: each segment's first prompt, each reply, and the tokens between a
     reply and the next prompt of the same segment (the environment's answer)."""
     decode = (lambda ids: tok.decode(ids, skip_special_tokens=False)) if tok is not None else \

@@ -121,7 +121,7 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
         state.setdefault("ingested", [])
         source.load_state_dict(state["tasks"])
         console.print(f"resuming from {ckpt} (step {start})")
-    log = MetricsLog(run_dir, cfg.log.tensorboard, resume_step=start if resume else None)
+    log = MetricsLog(run_dir, cfg, resume_step=start if resume else None)
     if start < cfg.train.steps:  # results of an earlier, shorter run describe other weights
         (run_dir / "eval_trained.json").unlink(missing_ok=True)
     if state is None:  # no checkpoint to continue from: the run starts over, and so does its replay log
@@ -196,6 +196,7 @@ def _train_steps(cfg: RunConfig, ctl: Controller, trainer, policy, tok, run_dir:
                        **measure(policy, trainer, getattr(ctl.rollouts, "sampler", None)).metrics()}
             metrics.update(trimmed)
             log.write(step, metrics)
+            log.write_rollouts(step, groups, tok)
             kl_key = "distill/reverse_kl" if "distill/reverse_kl" in metrics else "kl"
             info = (f"reward {metrics['reward']:.3f} pass {metrics['pass_rate']:.2f} {kl_key} {metrics[kl_key]:.4f} "
                     f"len {metrics['completions/mean_length']:.0f} {metrics['tokens_per_s']:.0f} tok/s {metrics['step_time']:.1f}s/step")

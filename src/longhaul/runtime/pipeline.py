@@ -187,7 +187,7 @@ class Pipeline:
     def _base_tree(self, name: str) -> dict:
         c = self.cfg
         return {"name": name, "output_dir": str(self.dir), "seed": c.seed, "model": c.model.model_dump(),
-                "log": {"tensorboard": False}}
+                "log": {"report_to": []}}
 
     def sft(self, start: str, demos: Path) -> str:
         out = self.dir / "sft" / "model"

@@ -27,6 +27,7 @@ from longhaul.runtime.context_trainers import check as check_context_parallel
 from longhaul.runtime.domains import TaskScheduler
 from longhaul.runtime.families import build_family
 from longhaul.runtime.progress import console, progress_bar
+from longhaul.runtime.trackers import require as require_trackers
 
 
 @dataclass
@@ -158,6 +159,7 @@ def _usable(family, split: str, n: int, cfg: RunConfig, excluded: set[str]) -> l
 
 
 def open_run_dir(cfg: RunConfig, resume: bool) -> tuple[Path, Path | None]:
+    require_trackers(cfg.log.report_to or [])  # a missing tracker package refuses the run before its directory exists
     run_dir = cfg.run_dir
     ckpt = list_checkpoints(run_dir / "checkpoints")[-1] if resume and list_checkpoints(run_dir / "checkpoints") else None
     if run_dir.exists() and any(run_dir.iterdir()) and not resume:

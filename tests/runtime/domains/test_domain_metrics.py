@@ -11,7 +11,7 @@ from tests.runtime.domains.domain_helpers import synthetic
 def test_metrics_rows_render_as_a_domain_report(tmp_path):
     sched = TaskScheduler([synthetic("alpha", 16, weight=1.0), synthetic("beta", 16, weight=3.0)], seed=0)
     rng = random.Random(0)
-    log = MetricsLog(tmp_path, tensorboard=False)
+    log = MetricsLog(tmp_path)
     for step in range(1, 6):
         draws = sched.next_tasks(4)
         sched.record(Outcome(d.domain, d.task.task_id, 1.0, rng.random() < 0.5, tokens=5, sandbox_s=0.25) for d in draws)
