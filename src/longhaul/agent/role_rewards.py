@@ -12,6 +12,7 @@ from __future__ import annotations
 import shlex
 from typing import Callable
 
+from longhaul.envs.registry import load_object
 from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.errors import LonghaulError
 
@@ -60,8 +61,6 @@ ROLE_REWARDS = {"tests_discriminate": tests_discriminate}
 
 def role_reward(spec: str) -> Callable:
     """A per-role reward `(env, task, role) -> float | None` by built-in name or package.module:function."""
-    from longhaul.envs.registry import load_object
-
     if spec in ROLE_REWARDS:
         return ROLE_REWARDS[spec]
     if ":" not in spec:

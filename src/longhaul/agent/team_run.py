@@ -17,8 +17,13 @@ from typing import Callable
 from longhaul.agent.loop import AgentConfig, ModelPolicy, ScriptedPolicy
 from longhaul.agent.team import run_team
 from longhaul.agent.workflows import Workflow, load_workflow
+from longhaul.envs.datasets import write_jsonl
 from longhaul.envs.tools import format_call
+from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.errors import LonghaulError
+from longhaul.inference import context_length
+from longhaul.models import load_policy
+from longhaul.models.byte_tokenizer import byte_tokenizer
 from longhaul.types import Trajectory
 
 
@@ -72,10 +77,6 @@ def run_workflow(workflow: str, family, n: int, policy: str, out: str | Path, sp
     JSON object a line, written whole or not at all); return `summarize`'s dict with `out`.
     `progress_factory(name, total)` is a context manager giving `advance(k)`, entered once the
     workflow, tasks and policies are ready."""
-    from longhaul.envs.datasets import write_jsonl
-    from longhaul.envs.workspace import WorkspaceEnv
-    from longhaul.models import load_policy
-
     wf = load_workflow(workflow, family)
     if split not in family.splits:
         raise LonghaulError(f"family {family.name!r} has no split {split!r}; choose one of {', '.join(family.splits)}")
@@ -86,15 +87,11 @@ def run_workflow(workflow: str, family, n: int, policy: str, out: str | Path, sp
         if model:
             tok = load_policy(model)[1]
         else:
-            from longhaul.models.byte_tokenizer import byte_tokenizer
-
             tok = byte_tokenizer()
         scripts = {k: v for e, t in zip(episodes, tasks) for k, v in oracle_scripts(wf, t, e).items()}
         shared = ScriptedPolicy(tok, scripts)
         cfg = AgentConfig(max_tokens=1 << 20, max_new_tokens=1 << 16)  # an oracle's replies are whatever its script says
     else:
-        from longhaul.inference import context_length
-
         net, tok = load_policy(policy)
         shared = ModelPolicy(net, tok, seed=seed)
         cfg = AgentConfig(max_tokens=context_length(net), max_new_tokens=max_new_tokens, temperature=temperature)

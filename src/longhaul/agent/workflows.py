@@ -22,6 +22,8 @@ import yaml
 from pydantic import ConfigDict, Field, model_validator
 
 from longhaul.config import Section, validate_config
+from longhaul.envs.registry import load_object
+from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.errors import LonghaulError
 
 END = "end"  # the graph node that ends an episode
@@ -148,8 +150,6 @@ def workflow_from(obj, where: str) -> Workflow:
 def load_workflow(spec: str, family=None) -> Workflow:
     """A built-in workflow by name, a YAML file, or `package.module:Name`; with a `Family`, its
     roles' tools are checked against the family env's tools."""
-    from longhaul.envs.registry import load_object
-
     if spec in WORKFLOWS:
         wf = workflow_from(WORKFLOWS[spec], spec)
     elif spec.endswith((".yaml", ".yml")):
@@ -170,8 +170,6 @@ def family_tools(family) -> list[str]:
     if family.kind != "workspace":
         raise LonghaulError(f"family {family.name!r} is single-turn; a team shares a workspace: choose a workspace family")
     if family.make_env is None:
-        from longhaul.envs.workspace import WorkspaceEnv
-
         env = WorkspaceEnv()
     else:
         env = family.make_env(family.make_split(family.splits[0], 1)[0])
