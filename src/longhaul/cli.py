@@ -79,10 +79,8 @@ def eval_cmd(
     import tempfile
     from pathlib import Path
 
-    import torch
-
     from longhaul.config import validate_config
-    from longhaul.rl.grpo import frozen_copy
+    from longhaul.runtime.rollout import make_sampler
     from longhaul.runtime.setup import evaluate_heldout, prepare
 
     if samples < 1:
@@ -97,11 +95,9 @@ def eval_cmd(
     cfg = validate_config({"model": {"name": model, "context_length": context_length, "rope_scaling": scaling},
                            "task": {"family": suite, "difficulty": difficulty, "require_envcheck": False, "subfamilies": subs},
                            "train": {"steps": 0}, "eval": {"n_tasks": n, "max_new_tokens": max_new_tokens, "max_turns": max_turns},
-                           "log": {"progress": not json_out}})
+                           "rollout": {"dtype": dtype}, "log": {"progress": not json_out}})
     prep = prepare(cfg, training=False)
-    from longhaul.hardware import resolve_dtype
-
-    make = lambda: frozen_copy(prep.policy, torch.bfloat16 if resolve_dtype(dtype) == "bfloat16" else None)
+    make = lambda: make_sampler(cfg, prep.policy, prep.tok)  # the paged engine, as training's evaluations
     with tempfile.TemporaryDirectory() as tmp:
         res = evaluate_heldout(prep, make, model, Path(tmp) / "eval.json", samples, temperature)
     summary = res.summary()
@@ -183,11 +179,14 @@ def data(
     variants: str = typer.Option("reference,explore,repair", "--variants",
                                  help="multi-turn families: which demonstrations to make of each task"),
     seed: int = typer.Option(0, "--seed", help="multi-turn families: seeds the exploration orders and wrong attempts"),
+    workflow: Optional[str] = typer.Option(None, "--workflow", help="workspace families: team demonstrations of this "
+                                           "workflow, one row per role (docs/teams.md)"),
 ):
     """Build an SFT or preference dataset from a task family, every row checked by its verifier.
 
     Single-turn families give prompt + reference reply rows; workspace (multi-turn) families give
-    chat rows of whole agent episodes replayed through the sandbox (see longhaul.agent.demos)."""
+    chat rows of whole agent episodes replayed through the sandbox (see longhaul.agent.demos), or
+    with --workflow one row per role of each verified team episode (longhaul.agent.team_demos)."""
     from collections import Counter
 
     from longhaul.envs import get_family
@@ -204,16 +203,22 @@ def data(
             raise LonghaulError(f"family {family!r} is multi-turn; it gives sft demonstrations, not prefs")
         chosen = tuple(v.strip() for v in variants.split(",") if v.strip())
         validate(fam, chosen, split)
+        if workflow is not None:
+            from longhaul.agent.team_demos import build_team_demos
+
+            build_demos = lambda *a, **kw: build_team_demos(fam, workflow, *a[1:], **kw)  # noqa: E731
         with progress_bar(True) as prog:
             bar = prog.add_task(f"demonstrations from {family}", total=n * len(chosen), info="")
             rows = build_demos(fam, n, difficulty, chosen, seed, on_done=lambda traj: prog.advance(bar), split=split)
         if not rows:
             raise LonghaulError(f"no demonstration of {n} {family} tasks passed its hidden checks; run `longhaul envcheck {family}`")
         path = write_jsonl(rows, out)
-        kinds = Counter(r["variant"] for r in rows)
+        kinds = Counter(r["variant"] if workflow is None else r["role"] for r in rows)
         console.print(f"wrote {len(rows)} verified demonstrations ({', '.join(f'{k} {v}' for k, v in kinds.items())}; "
                       f"{sum(r['repair'] for r in rows)} with a repair) to {path}")
         return
+    if workflow is not None:
+        raise LonghaulError(f"family {family!r} is single-turn; team demonstrations (--workflow) need a workspace family")
     with progress_bar(True) as prog:
         bar = prog.add_task(f"{kind} from {family}", total=n, info="")
         rows = build_rows(fam, kind, split, n, difficulty, on_task=lambda: prog.advance(bar))
@@ -475,6 +480,22 @@ def team_run(
     for role, r in res["roles"].items():
         console.print(f"{role:12s} {r['turns']:6d} {r['replies']:8d} {r['tokens']:8d} {r['invalid_calls']:8d} {r['messages_sent']:9d}")
     console.print(f"wrote {sum(r['episodes'] for r in res['roles'].values())} trajectories to {res['out']}")
+
+
+@team_app.command("demos")
+def team_demos(
+    workflow: str = typer.Option(..., "--workflow", help="coder_tester, navigator_driver, a YAML file, or package.module:Name"),
+    family: str = typer.Option("bugfix", "--family", help="a workspace family with reference solutions (bugfix, multistep, ...)"),
+    n: int = typer.Option(8, "--n", help="train tasks; one episode per task and variant"),
+    out: str = typer.Option(..., "--out", help="JSONL file of per-role SFT rows"),
+    variants: str = typer.Option("reference", "--variants", help="comma-separated: reference, explore, repair"),
+    difficulty: int = typer.Option(1, "--difficulty"),
+    seed: int = typer.Option(0, "--seed"),
+):
+    """Verified multi-role demonstrations (= `longhaul data sft FAMILY --workflow W`): one SFT row per role."""
+    if n < 1:
+        raise LonghaulError(f"--n must be >= 1, got {n}")
+    data("sft", family, out, n, "train", difficulty, variants, seed, workflow)
 
 
 @model_app.command("prepare")

@@ -62,7 +62,7 @@ def _patched_paths(patch: str) -> list[str]:
         return []
 
 
-def _touched(task) -> list[str]:
+def touched(task) -> list[str]:
     """Files of the workdir that the reference reads, patches or overwrites, in order."""
     out = []
     for a in task.reference:
@@ -72,7 +72,7 @@ def _touched(task) -> list[str]:
 
 
 def _explore(task, rng: random.Random) -> list[str]:
-    looks = [_call("list_dir")] + [_call("read_file", path=p) for p in _touched(task)[:2]]
+    looks = [_call("list_dir")] + [_call("read_file", path=p) for p in touched(task)[:2]]
     if task.test_command:
         looks.append(_call("run_tests"))
     rng.shuffle(looks)
