@@ -482,20 +482,16 @@ def team_run(
     console.print(f"wrote {sum(r['episodes'] for r in res['roles'].values())} trajectories to {res['out']}")
 
 
-@team_app.command("demos")
-def team_demos(
-    workflow: str = typer.Option(..., "--workflow", help="coder_tester, navigator_driver, a YAML file, or package.module:Name"),
-    family: str = typer.Option("bugfix", "--family", help="a workspace family with reference solutions (bugfix, multistep, ...)"),
-    n: int = typer.Option(8, "--n", help="train tasks; one episode per task and variant"),
-    out: str = typer.Option(..., "--out", help="JSONL file of per-role SFT rows"),
-    variants: str = typer.Option("reference", "--variants", help="comma-separated: reference, explore, repair"),
-    difficulty: int = typer.Option(1, "--difficulty"),
-    seed: int = typer.Option(0, "--seed"),
+@team_app.command("train")
+def team_train(
+    config: str = typer.Argument(..., help="team YAML (see examples/team.yaml)"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. policies=per_role rl.train.steps=2"),
 ):
-    """Verified multi-role demonstrations (= `longhaul data sft FAMILY --workflow W`): one SFT row per role."""
-    if n < 1:
-        raise LonghaulError(f"--n must be >= 1, got {n}")
-    data("sft", family, out, n, "train", difficulty, variants, seed, workflow)
+    """Train a team: multi-role demonstrations, SFT, GRPO on team episodes; base, SFT and RL teams on held-out tasks."""
+    from longhaul.config import load_config
+    from longhaul.runtime.team_train import TeamTrainConfig, train_team
+
+    train_team(load_config(config, overrides or [], model=TeamTrainConfig))
 
 
 @model_app.command("prepare")

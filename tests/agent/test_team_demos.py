@@ -56,15 +56,15 @@ def test_an_episode_whose_role_reward_is_zero_is_left_out(monkeypatch):
 
 def test_cli_writes_rows_atomically_and_refuses_in_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "longhaul.cli", "team", "demos", *a], cwd=tmp_path,  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "longhaul.cli", "data", "sft", *a], cwd=tmp_path,  # noqa: E731
                                     capture_output=True, text=True, env=env, timeout=300)
     out = tmp_path / "demos.jsonl"
-    r = run("--workflow", "navigator_driver", "--family", "multistep", "--n", "1", "--out", str(out))
+    r = run("multistep", "--workflow", "navigator_driver", "--n", "1", "--variants", "reference", "--out", str(out))
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [x["role"] for x in rows] == ["navigator", "driver"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demos.jsonl"]
-    r = run("--workflow", "coder_tester", "--family", "humaneval", "--out", str(tmp_path / "x.jsonl"))
+    r = run("humaneval", "--workflow", "coder_tester", "--out", str(tmp_path / "x.jsonl"))
     lines = [line for line in r.stderr.strip().splitlines() if line.startswith("error")]
     assert r.returncode == 2 and lines == ["error: family 'humaneval' is single-turn; team demonstrations (--workflow) need a workspace family"]
     assert not (tmp_path / "x.jsonl").exists()

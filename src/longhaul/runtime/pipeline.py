@@ -73,6 +73,27 @@ def _long_rows_autocast() -> str:
     return "bfloat16" if native_bf16() else "none"
 
 
+def sft_run_config(base: dict, start: str, demos: Path, context: int, overrides: dict) -> RunConfig:
+    """The multi-turn SFT stage on `demos` from `start`: `base` (name, output_dir, seed, model),
+    the defaults below, then the user's `overrides`."""
+    tree = _merge(base, {
+        "model": {"name": start}, "algo": {"name": "sft"},
+        # bins of 2,048 tokens: a micro-batch's activations (and the heap the C allocator then
+        # keeps) are half those of 4,096-token bins, for the same tokens a step
+        "data": {"path": str(demos), "packing": True, "max_length": context, "pack_length": min(context, 2048),
+                 "batch_size": 8, "heldout_fraction": 0.1},
+        "train": {"steps": 30, "lr": 1e-4, "micro_batch": 1, "warmup_steps": 3, "save_every": 0,
+                  "autocast": _long_rows_autocast()}})
+    return _run_config(_merge(tree, overrides), "sft")
+
+
+def earlier_timing(summary: Path) -> dict[str, float]:
+    """The seconds each stage took in an earlier run's summary (its finished stages do not run again)."""
+    if not summary.exists():
+        return {}
+    return {k: v for k, v in json.loads(summary.read_text()).get("timing_s", {}).items() if k != "total"}
+
+
 def _transcript(t) -> dict:
     """An evaluated episode as episodes_<stage>.jsonl keeps it."""
     return {"task_id": t.info.get("task_id"), "passed": t.info.get("passed"), "status": t.info.get("status"),
@@ -196,16 +217,7 @@ class Pipeline:
         return self._train(self.sft_config(start, demos), out)
 
     def sft_config(self, start: str, demos: Path) -> RunConfig:
-        context = self.cfg.model.context_length or 4096
-        tree = _merge(self._base_tree("sft"), {
-            "model": {"name": start}, "algo": {"name": "sft"},
-            # bins of 2,048 tokens: a micro-batch's activations (and the heap the C allocator then
-            # keeps) are half those of 4,096-token bins, for the same tokens a step
-            "data": {"path": str(demos), "packing": True, "max_length": context, "pack_length": min(context, 2048),
-                     "batch_size": 8, "heldout_fraction": 0.1},
-            "train": {"steps": 30, "lr": 1e-4, "micro_batch": 1, "warmup_steps": 3, "save_every": 0,
-                      "autocast": _long_rows_autocast()}})
-        return _run_config(_merge(tree, self.cfg.sft), "sft")
+        return sft_run_config(self._base_tree("sft"), start, demos, self.cfg.model.context_length or 4096, self.cfg.sft)
 
     def rl(self, start: str) -> str:
         out = self.dir / "rl" / "model"
@@ -341,9 +353,7 @@ class Pipeline:
         c = self.cfg
         self.dir.mkdir(parents=True, exist_ok=True)
         _write_json(self.dir / "pipeline_config.json", c.model_dump(mode="json"))
-        done = self.dir / "pipeline.json"
-        if done.exists():  # stages an earlier run finished keep the seconds they took then
-            self.timing = {k: v for k, v in json.loads(done.read_text()).get("timing_s", {}).items() if k != "total"}
+        self.timing = earlier_timing(self.dir / "pipeline.json")
         if "rl" in c.stages and c.rl.get("task", {}).get("require_envcheck", True):
             for fam in self.families.values():  # before any stage runs, not after the SFT
                 require_checked(fam)

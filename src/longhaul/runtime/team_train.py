@@ -1,0 +1,350 @@
+"""`longhaul team train CONFIG`: a team of roles trained from one base model, in the agent
+pipeline's order: verified multi-role demonstrations, SFT on each policy's own turns, GRPO on team
+episodes with advantages grouped by (task, role) and turn, and greedy held-out team pass rates of
+the base, SFT and SFT+RL teams on the same tasks.
+
+`policies: shared` trains one model that acts for every role (its role prompts tell them apart);
+`per_role` trains one full copy per policy name of the workflow (LoRA adapters per role over one
+base are not here yet). Everything goes under `runs/<name>/`: `demos.jsonl`, `sft/<policy>/model`,
+`rl/<policy>/model`, `sft/team.json` and `rl/team.json` (which model acts for each role),
+`metrics.jsonl` (one line per RL step, per-role and per-policy keys), `eval_<stage>.json` and
+`team_train.json` (every figure). A stage whose output exists is not run again.
+
+Why a driver of its own and not a pipeline option: the pipeline's RL stage is the general online
+runner (`runtime.train`: rollout workers, replay, async) over single-agent tasks; team episodes
+need `run_team` and a trainer per policy. The SFT stage is the pipeline's own (`sft_run_config`,
+`runtime.train` in a process of its own); the RL step is the ordinary `GRPOTrainer.step`. Episodes
+that end in an infrastructure error are counted, and masked out of baselines and loss by the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from longhaul.agent.loop import AgentConfig, ModelPolicy
+from longhaul.agent.team import run_team
+from longhaul.agent.team_demos import build_team_demos
+from longhaul.agent.team_run import summarize as summarize_roles
+from longhaul.agent.workflows import load_workflow
+from longhaul.config import ModelConfig, RunConfig, Section
+from longhaul.envinfo import collect
+from longhaul.envs import get_family
+from longhaul.envs.datasets import write_jsonl
+from longhaul.envs.workspace import WorkspaceEnv
+from longhaul.errors import LonghaulError
+from longhaul.eval.stats import mcnemar_exact, wilson
+from longhaul.inference import context_length
+from longhaul.models import load_policy
+from longhaul.models.lora import apply_lora
+from longhaul.rl.checkpoint import export_checkpoint, save_checkpoint
+from longhaul.rl.grpo import GRPOTrainer
+from longhaul.rl.teams import role_groups
+from longhaul.runtime.pipeline import (
+    _isolated,
+    _long_rows_autocast,
+    _merge,
+    _run_config,
+    _train_stage,
+    _write_json,
+    earlier_timing,
+    sft_run_config,
+)
+from longhaul.runtime.pool import policy_tensors
+from longhaul.runtime.progress import console, progress_bar
+from longhaul.runtime.rollout import make_sampler
+
+
+class TeamDemosConfig(Section):
+    tasks: int = Field(16, ge=1)  # train tasks; one team episode per task and variant
+    variants: list[str] = ["reference", "repair"]  # repairs teach the actor to recover from a failed call
+    seed: int = 0
+
+
+class TeamEvalConfig(Section):
+    tasks: int = Field(20, ge=1)  # held-out tasks, the same for every stage (paired: exact McNemar)
+    max_new_tokens: int = Field(192, ge=1)  # per reply
+    workers: int = Field(4, ge=1)  # episodes at once where the sampler batches them (the engine)
+
+
+class TeamTrainConfig(Section):
+    """`longhaul team train`: demonstrations, SFT and GRPO of a workflow's roles, and the comparison."""
+    name: str = "team"
+    seed: int = 0
+    output_dir: str = "runs"
+    model: ModelConfig = ModelConfig(context_length=4096)
+    workflow: str = "coder_tester"  # built-in, YAML file or package.module:Name (docs/teams.md)
+    family: str = "bugfix"  # a workspace family whose tasks carry reference solutions
+    difficulty: int = Field(1, ge=1, le=3)
+    subfamilies: list[str] | None = None  # None: all of the family's
+    policies: Literal["shared", "per_role"] = "shared"  # one model for every role, or a full copy per policy name
+    stages: list[Literal["sft", "rl"]] = ["sft", "rl"]  # [rl]: RL from the base with no cold start
+    demos: TeamDemosConfig = TeamDemosConfig()
+    sft: dict = {}  # overrides of the SFT stage's run config (as the pipeline's `sft`), e.g. {train: {steps: 16}}
+    # overrides of the RL stage's run config: rollout.prompts_per_step tasks a step, rollout.group_size episodes
+    # each; rollout.max_new_tokens/temperature/sampler; algo (advantage turn_level by default); train (steps, lr, lora_r)
+    rl: dict = {}
+    eval: TeamEvalConfig = TeamEvalConfig()
+    isolate: bool = True  # each stage in a process of its own: the run's memory peak is its largest stage's
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+
+class TeamTrainer:
+    def __init__(self, cfg: TeamTrainConfig):
+        self.cfg, self.dir = cfg, cfg.run_dir
+        self.family = get_family(cfg.family)
+        self.wf = load_workflow(cfg.workflow, self.family)
+        names = sorted({r.policy for r in self.wf.roles})
+        # which model acts for each of the workflow's policy names
+        self.model_of = {p: "shared" if cfg.policies == "shared" else p for p in names}
+        self.timing: dict[str, float] = {}
+        if "sft" in cfg.stages:
+            self.sft_config("shared", cfg.model.name, self.dir / "demos.jsonl")
+        self.rl_config(cfg.model.name)  # refused now, not after the stages before it have run
+
+    @property
+    def keys(self) -> list[str]:
+        return sorted(set(self.model_of.values()))
+
+    # ---- configs ---------------------------------------------------------------------------
+    def _base(self, name: str, out: Path) -> dict:
+        c = self.cfg
+        return {"name": name, "output_dir": str(out), "seed": c.seed, "model": c.model.model_dump(), "log": {"report_to": []}}
+
+    def sft_config(self, key: str, start: str, demos: Path) -> RunConfig:
+        return sft_run_config(self._base(key, self.dir / "sft"), start, demos, self.cfg.model.context_length or 4096, self.cfg.sft)
+
+    def rl_config(self, start: str) -> RunConfig:
+        tree = _merge(self._base("rl", self.dir), {
+            "model": {"name": start},
+            "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": self.cfg.eval.max_new_tokens, "temperature": 1.0,
+                        "context": "elide"},
+            # turn_level: reply k of a role against the same role's k-th replies of the task's other episodes
+            "algo": {"name": "grpo", "advantage": "turn_level", "kl_coef": 0.0},
+            "train": {"steps": 4, "lr": 1e-5, "micro_batch": 2, "save_every": 0, "autocast": _long_rows_autocast()}})
+        return _run_config(_merge(tree, self.cfg.rl), "rl")
+
+    # ---- stages ----------------------------------------------------------------------------
+    def demos(self) -> Path:
+        path = self.dir / "demos.jsonl"
+        if path.exists():
+            return path
+        c, t0 = self.cfg, time.perf_counter()
+        with progress_bar(True) as prog:
+            bar = prog.add_task(f"team demonstrations: {self.wf.name}", total=c.demos.tasks * len(c.demos.variants), info="")
+            rows = build_team_demos(self.family, self.wf, c.demos.tasks, c.difficulty, tuple(c.demos.variants), c.demos.seed,
+                                    on_done=lambda trajs: prog.advance(bar), subfamilies=c.subfamilies)
+        if not rows:
+            raise LonghaulError(f"no team demonstration passed its hidden checks; run `longhaul envcheck {c.family}`")
+        write_jsonl(rows, path)
+        self.timing["demos"] = time.perf_counter() - t0
+        console.print(f"{len({r['episode'] for r in rows})} verified team episodes, {len(rows)} per-role rows -> {path}")
+        return path
+
+    def sft(self, demos: Path) -> dict[str, str]:
+        rows = [json.loads(line) for line in demos.read_text().splitlines()]
+        out = {}
+        for key in self.keys:
+            model = self.dir / "sft" / key / "model"
+            if not (model / "config.json").exists():
+                mine = rows if key == "shared" else [r for r in rows if r["policy"] == key]
+                data = write_jsonl(mine, self.dir / f"demos_{key}.jsonl")
+                self._stage(f"sft_{key}", _train_stage, self.sft_config(key, self.cfg.model.name, data), model)
+            out[key] = str(model)
+        self._manifest("sft", out)
+        return out
+
+    def rl(self, start: dict[str, str]) -> dict[str, str]:
+        out = {key: str(self.dir / "rl" / key / "model") for key in self.keys}
+        if not all((Path(p) / "config.json").exists() for p in out.values()):
+            self._stage("rl", _rl_stage, self.cfg, start)
+        self._manifest("rl", out)
+        return out
+
+    def evaluate(self, stage: str, models: dict[str, str]) -> dict:
+        path = self.dir / f"eval_{stage}.json"
+        if not path.exists():
+            self._stage(f"eval_{stage}", _eval_stage, self.cfg, stage, models)
+        return json.loads(path.read_text())
+
+    def _stage(self, key: str, fn, *args) -> None:
+        t0 = time.perf_counter()
+        _isolated(fn, *args) if self.cfg.isolate else fn(*args)
+        self.timing[key] = time.perf_counter() - t0
+
+    def _manifest(self, stage: str, models: dict[str, str]) -> None:
+        roles = {r.name: models[self.model_of[r.policy]] for r in self.wf.roles}
+        _write_json(self.dir / stage / "team.json", {"workflow": self.wf.name, "policies": self.cfg.policies, "roles": roles})
+
+    # ---- the whole ---------------------------------------------------------------------------
+    def run(self) -> dict:
+        c = self.cfg
+        self.dir.mkdir(parents=True, exist_ok=True)
+        _write_json(self.dir / "team_train_config.json", c.model_dump(mode="json"))
+        self.timing = earlier_timing(self.dir / "team_train.json")
+        base = {key: c.model.name for key in self.keys}
+        evals = {"base": self.evaluate("base", base)}
+        models = base
+        if "sft" in c.stages:
+            models = self.sft(self.demos())
+            evals["sft"] = self.evaluate("sft", models)
+        if "rl" in c.stages:
+            models = self.rl(models)
+            evals["rl"] = self.evaluate("rl", models)
+        summary = summarize(evals, self.timing, c)
+        _write_json(self.dir / "team_train.json", summary)
+        print_summary(summary)
+        return summary
+
+
+# ---- work done inside a stage's process --------------------------------------------------------
+def _policies(trainer: TeamTrainer, models: dict, tok, run_cfg: RunConfig, seed: int) -> tuple[dict, dict]:
+    """The rollout samplers by model key and the Policy for each of the workflow's policy names."""
+    samplers = {key: make_sampler(run_cfg, model, tok) for key, model in models.items()}
+    acting = {key: ModelPolicy(s, tok, seed=seed) for key, s in samplers.items()}
+    return samplers, {p: acting[key] for p, key in trainer.model_of.items()}
+
+
+def _team_cfg(run_cfg: RunConfig, context: int, max_new_tokens: int, temperature: float) -> AgentConfig:
+    opts = {k: v for k, v in run_cfg.rollout.agent_options().items() if k != "schedule"}
+    return AgentConfig(max_tokens=context, max_new_tokens=max_new_tokens, temperature=temperature, keep_messages=True, **opts)
+
+
+def _eval_stage(cfg: TeamTrainConfig, stage: str, paths: dict[str, str]) -> None:
+    """Greedy team episodes on the held-out tasks; writes eval_<stage>.json and episodes_<stage>.jsonl."""
+    tt = TeamTrainer(cfg)
+    loaded = {key: load_policy(p, cfg.model.rope_scaling) for key, p in paths.items()}
+    tok = next(iter(loaded.values()))[1]
+    run_cfg = tt.rl_config(cfg.model.name)
+    _, policies = _policies(tt, {k: m for k, (m, _) in loaded.items()}, tok, run_cfg, cfg.seed)
+    tasks = tt.family.make_split("heldout", cfg.eval.tasks, cfg.difficulty, cfg.subfamilies)
+    context = cfg.model.context_length or context_length(next(iter(loaded.values()))[0])
+    with progress_bar(True) as prog:
+        bar = prog.add_task(f"eval {stage}", total=len(tasks), info="")
+        episodes = run_team(tt.wf, policies, tok, tt.family.make_env or (lambda t: WorkspaceEnv()), tasks,
+                            _team_cfg(run_cfg, context, cfg.eval.max_new_tokens, 0.0), workers=cfg.eval.workers,
+                            episodes=[f"eval_{stage}/{t.task_id}" for t in tasks], on_done=lambda trajs: prog.advance(bar))
+    scored = [e[0].info["ended"] != "infra_error" for e in episodes]
+    out = {**summarize_roles(episodes), "stage": stage, "task_ids": [t.task_id for t in tasks],
+           "passed": [bool(e[0].info.get("passed")) for e in episodes], "scored": scored}
+    write_jsonl([{"task_id": t.info.get("task_id"), "role": t.info["role"], "passed": t.info.get("passed"),
+                  "ended": t.info["ended"], "messages": t.info.get("messages", [])} for e in episodes for t in e],
+                tt.dir / f"episodes_{stage}.jsonl")
+    _write_json(tt.dir / f"eval_{stage}.json", out)
+
+
+def _rl_stage(cfg: TeamTrainConfig, start: dict[str, str]) -> None:
+    """GRPO on team episodes: each step, rollout.prompts_per_step train tasks x group_size episodes,
+    regrouped by (task, role); each model's trainer steps on the groups of the roles it acts for."""
+    tt = TeamTrainer(cfg)
+    run_cfg = tt.rl_config(cfg.model.name)
+    r, t = run_cfg.rollout, run_cfg.train
+    torch.manual_seed(cfg.seed)
+    models, tok = {}, None
+    for key, path in start.items():
+        model, tok = load_policy(path, cfg.model.rope_scaling)
+        models[key] = apply_lora(model, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, path) if t.lora_r else model
+    trainers = {key: GRPOTrainer(m, tok.pad_token_id, run_cfg.algo, t, r.temperature, r.max_new_tokens) for key, m in models.items()}
+    samplers, policies = _policies(tt, models, tok, run_cfg, cfg.seed)
+    tasks = tt.family.make_split("train", t.steps * r.prompts_per_step, cfg.difficulty, cfg.subfamilies)
+    context = cfg.model.context_length or context_length(next(iter(models.values())))
+    agent = _team_cfg(run_cfg, context, r.max_new_tokens, r.temperature)
+    log = tt.dir / "metrics.jsonl"
+    log.unlink(missing_ok=True)
+    with progress_bar(True) as prog:
+        bar = prog.add_task("team GRPO", total=t.steps, info="")
+        for step in range(t.steps):
+            t0 = time.perf_counter()
+            batch = tasks[step * r.prompts_per_step:(step + 1) * r.prompts_per_step]
+            ids = [(i, j) for i in range(len(batch)) for j in range(r.group_size)]
+            episodes = run_team(tt.wf, policies, tok, tt.family.make_env or (lambda task: WorkspaceEnv()),
+                                [batch[i] for i, _ in ids], agent, episodes=[f"rl/{step}/{i}/{j}" for i, j in ids],
+                                groups=[i for i, _ in ids], workers=cfg.eval.workers)
+            t_roll = time.perf_counter() - t0
+            groups, keys = role_groups(episodes)
+            m = {"step": step + 1, **step_metrics(episodes), "timing/rollout": t_roll}
+            for key, trainer in trainers.items():
+                mine = [g for g, (_, role) in zip(groups, keys) if tt.model_of[tt.wf.role(role).policy] == key]
+                m.update({f"policy/{key}/{k}": v for k, v in trainer.step(mine).items()})
+                if samplers[key] is not models[key]:  # the engine holds a copy: give it the new weights
+                    samplers[key].update_weights(policy_tensors(models[key]), step + 1)
+                for p in policies.values():
+                    if p.model is samplers[key]:
+                        p.version = step + 1  # the trajectories it samples next carry the new version
+            with log.open("a") as f:
+                f.write(json.dumps(m) + "\n")
+            prog.advance(bar)
+            console.print(f"step {step + 1}: team reward {m['reward']:.2f}, infra errors {m['infra_errors']}, "
+                          + ", ".join(f"{k.split('/')[1]} {m[k]:.0f} tok" for k in m if k.startswith("role/") and k.endswith("/tokens")))
+    for key, model in models.items():
+        ckpts = tt.dir / "rl" / key / "checkpoints"
+        save_checkpoint(ckpts, t.steps, model, tok, {"step": t.steps, **trainers[key].state_dict()}, keep_last=1)
+        export_checkpoint(ckpts.parent, None, ckpts.parent / "model")
+
+
+def step_metrics(episodes: list) -> dict:
+    """A step's team figures and, per role, tokens, invalid calls, its own reward and its share of the
+    team's reward (each passed episode's reward split over its roles by the replies each made)."""
+    scored = [e for e in episodes if e and e[0].info["ended"] != "infra_error"]
+    out = {"reward": sum(e[0].reward for e in scored) / max(1, len(scored)), "infra_errors": len(episodes) - len(scored),
+           "episodes": len(episodes)}
+    share: dict[str, float] = {}
+    total = sum(e[0].reward for e in scored) or 1.0
+    for e in scored:
+        replies = sum(len(t.turns) for t in e) or 1
+        for t in e:
+            share[t.info["role"]] = share.get(t.info["role"], 0.0) + e[0].reward * len(t.turns) / replies / total
+    for role, r in summarize_roles(episodes)["roles"].items():
+        n = max(1, r["episodes"])
+        out.update({f"role/{role}/tokens": r["tokens"] / n, f"role/{role}/invalid_calls": r["invalid_calls"] / n,
+                    f"role/{role}/reward_share": share.get(role, 0.0)})
+        own = [t.info["role_reward"] for e in scored for t in e if t.info["role"] == role and t.info.get("role_reward") is not None]
+        if own:
+            out[f"role/{role}/role_reward"] = sum(own) / len(own)
+    return out
+
+
+def summarize(evals: dict[str, dict], timing: dict, cfg: TeamTrainConfig) -> dict:
+    """Per stage: held-out team pass@1 with its 95% Wilson interval and per-role figures; exact
+    McNemar between consecutive stages and of the last stage against the base."""
+    stages = {}
+    for s, e in evals.items():
+        k, n = sum(e["passed"]), len(e["passed"])
+        stages[s] = {"passed": k, "n": n, "pass_rate": k / max(1, n), "ci95": list(wilson(k, n)),
+                     "infra_errors": e["infra_errors"], "roles": e["roles"]}
+    out = {"workflow": cfg.workflow, "family": cfg.family, "policies": cfg.policies, "model": cfg.model.name, "stages": stages}
+    names = list(evals)
+    for a, b in list(zip(names, names[1:])) + ([("base", names[-1])] if len(names) > 2 else []):
+        out[f"{b}_vs_{a}"] = mcnemar_exact(evals[a]["passed"], evals[b]["passed"])
+    out.update(timing_s={k: round(v, 1) for k, v in timing.items()}, config=cfg.model_dump(mode="json"), host=collect().get("cpu"),
+               measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    return out
+
+
+def print_summary(summary: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"held-out team pass@1: {summary['workflow']} on {summary['family']} (greedy, same tasks every stage)")
+    for col in ("stage", "passed", "pass rate", "95% interval", "infra errors", *(f"{r} tokens" for r in
+                                                                                next(iter(summary["stages"].values()))["roles"])):
+        t.add_column(col)
+    for stage, row in summary["stages"].items():
+        t.add_row(stage, f"{row['passed']}/{row['n']}", f"{100 * row['pass_rate']:.1f}%",
+                  f"[{100 * row['ci95'][0]:.1f}, {100 * row['ci95'][1]:.1f}]", str(row["infra_errors"]),
+                  *(str(r["tokens"]) for r in row["roles"].values()))
+    console.print(t)
+    for key in [k for k in summary if "_vs_" in k]:
+        m = summary[key]
+        console.print(f"{key}: gained {m['gained']}, lost {m['lost']}, exact McNemar p = {m['p_value']:.3g}")
+
+
+def train_team(cfg: TeamTrainConfig) -> dict:
+    return TeamTrainer(cfg).run()
