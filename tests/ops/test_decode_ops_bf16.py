@@ -21,9 +21,10 @@ def _within(got, want, roundings, atol):
     assert (err <= bound).all(), f"worst excess {(err - bound).max().item():.3g}"
 
 
-@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (4, 4, 16), (6, 2, 12), (2, 1, 128)])
-def test_bf16_decode_attention_equals_fp64_softmax_attention(native, hq, hkv, d):
-    lens = [1, 5, 17, 4, 33]
+@pytest.mark.parametrize("hq,hkv,d,lens", [(9, 3, 64, [1, 5, 17, 4, 33]), (4, 4, 16, [1, 5, 17, 4, 33]), (6, 2, 12, [1, 5, 17, 4, 33]),
+                                            (2, 1, 128, [1, 5, 17, 4, 33]), (9, 3, 64, [1400, 3]), (2, 1, 128, [900])])
+def test_bf16_decode_attention_equals_fp64_softmax_attention(native, hq, hkv, d, lens):
+    """Short contexts, and long ones split over threads (merged by log-sum-exp)."""
     kv, tables, ctx = cache_with(lens, hkv, d, seed=hq + d, dtype=torch.bfloat16)
     q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(hq * d)).bfloat16()
     got = native.decode_attention(q, kv.k[0], kv.v[0], tables, ctx, kv.block_size, d ** -0.5)

@@ -5,9 +5,9 @@
 // In a decode step each op sees a handful of rows, so torch's per-op cost (dispatch, the
 // gather of a sequence's K/V blocks into a padded copy, a mask, SDPA's setup) outweighs the
 // arithmetic: on SmolLM2-135M at batch 8 they took ~25 ms a step against ~35 ms of matmuls.
-// Attention here reads K and V straight from the paged cache (no gather, no mask), one task
-// per (sequence, KV head) serving the head's G query heads; the softmax is the plain
-// max-subtracted one in fp32.
+// Attention here reads K and V straight from the paged cache (no gather, no mask), a task per
+// (sequence, KV head, split of the context) serving the head's G query heads from one read of
+// each key and value; the softmax is the max-subtracted one in fp32, merged over splits.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -76,92 +76,166 @@ inline __m256 dot8(const float* q, const T* const* k, int64_t D) {
   return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
 }
 
-// o (DV * 8,) = sum_p w[p] v[slot[p]], the accumulators held in registers.
+// acc (DV * 8,) += sum_{p in [p0, p1)} w[p] v[slot[p]], the accumulators held in registers.
 template <int DV, class T>
-inline void weighted_sum(const float* w, const int64_t* slot, int64_t L, const T* v, T* o) {
+inline void weighted_sum(const float* w, const int64_t* slot, int64_t p0, int64_t p1, const T* v, float* acc_out) {
   __m256 acc[DV];
 #pragma GCC unroll 16
-  for (int i = 0; i < DV; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t p = 0; p < L; ++p) {
+  for (int i = 0; i < DV; ++i) acc[i] = _mm256_loadu_ps(acc_out + 8 * i);
+  for (int64_t p = p0; p < p1; ++p) {
     const T* vv = v + slot[p] * DV * 8;
     const __m256 a = _mm256_set1_ps(w[p]);
 #pragma GCC unroll 16
     for (int i = 0; i < DV; ++i) acc[i] = _mm256_fmadd_ps(a, load8(vv + 8 * i), acc[i]);
   }
 #pragma GCC unroll 16
-  for (int i = 0; i < DV; ++i) store8(o + 8 * i, acc[i]);
+  for (int i = 0; i < DV; ++i) _mm256_storeu_ps(acc_out + 8 * i, acc[i]);
 }
 
 template <class T>
+inline void weighted_sum_any(const float* w, const int64_t* slot, int64_t p0, int64_t p1, const T* v, int64_t D, float* acc) {
+  for (int64_t p = p0; p < p1; ++p)
+    for (int64_t i = 0; i < D; ++i) acc[i] += w[p] * to_f(v[slot[p] * D + i]);
+}
+
+constexpr int64_t kSpan = 64;        // positions whose keys / values serve all G query heads while in L1
+constexpr int64_t kMinSplit = 256;   // the fewest positions a task takes when a context is split over threads
+
+// One task: query heads [h*G, h*G + G) of sequence b over the positions whose K/V rows are
+// slot[p0..p1).
+// Writes, per query head, the running max m, the sum of exp(s - m) and the unnormalised
+// output sum_p exp(s_p - m) v_p into part (G rows of D + 2 floats). Each key and value is read
+// from memory once for the G heads: the heads take turns over a span of positions in L1.
+template <class T>
+void attend_part(const T* qp, const T* kp, const T* vp, const int64_t* slot, int64_t p0, int64_t p1, int64_t b, int64_t h,
+                 int64_t Hq, int64_t G, int64_t D, float sc, std::vector<float>& qf, std::vector<float>& w, float* part) {
+  const int64_t L = p1 - p0;
+  qf.resize(G * D);
+  w.resize(G * L);
+  for (int64_t g = 0; g < G; ++g) {
+    const T* qrow = qp + (b * Hq + h * G + g) * D;
+    for (int64_t i = 0; i < D; ++i) qf[g * D + i] = to_f(qrow[i]) * sc;
+  }
+  std::vector<float> mx(G, -INFINITY);
+  int64_t p = p0;
+  if (D % 8 == 0) {
+    std::vector<__m256> mx8(G, _mm256_set1_ps(-INFINITY));
+    for (; p + 8 <= p1; p += 8) {
+      const T* keys[8];
+      for (int j = 0; j < 8; ++j) keys[j] = kp + slot[p + j] * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const __m256 s8 = dot8(qf.data() + g * D, keys, D);
+        _mm256_storeu_ps(w.data() + g * L + (p - p0), s8);
+        mx8[g] = _mm256_max_ps(mx8[g], s8);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) mx[g] = hmax(mx8[g]);
+  }
+  for (; p < p1; ++p)
+    for (int64_t g = 0; g < G; ++g) {
+      const float s = dot_key(qf.data() + g * D, kp + slot[p] * D, D);
+      w[g * L + (p - p0)] = s;
+      mx[g] = std::max(mx[g], s);
+    }
+  for (int64_t g = 0; g < G; ++g) {
+    float* wg = w.data() + g * L;
+    const __m256 mxv = _mm256_set1_ps(mx[g]);
+    __m256 s8 = _mm256_setzero_ps();
+    float sum = 0.f;
+    int64_t i = 0;
+    for (; i + 8 <= L; i += 8) {
+      const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(wg + i), mxv));
+      _mm256_storeu_ps(wg + i, e);
+      s8 = _mm256_add_ps(s8, e);
+    }
+    for (; i < L; ++i) {
+      wg[i] = std::exp(wg[i] - mx[g]);
+      sum += wg[i];
+    }
+    float* row = part + g * (D + 2);
+    row[0] = mx[g];
+    row[1] = sum + hsum(s8);
+    std::fill(row + 2, row + 2 + D, 0.f);
+  }
+  const int64_t* sl = slot + p0;
+  for (int64_t s0 = 0; s0 < L; s0 += kSpan) {
+    const int64_t s1 = std::min(L, s0 + kSpan);
+    for (int64_t g = 0; g < G; ++g) {
+      const float* wg = w.data() + g * L;
+      float* acc = part + g * (D + 2) + 2;
+      if (D == 64)
+        weighted_sum<8>(wg, sl, s0, s1, vp, acc);
+      else if (D == 128)
+        weighted_sum<16>(wg, sl, s0, s1, vp, acc);
+      else
+        weighted_sum_any(wg, sl, s0, s1, vp, D, acc);
+    }
+  }
+}
+
+// Paged decode attention. A task is (sequence, KV head, a split of the context): one split when
+// there are enough (sequence, head) pairs to keep every thread busy, else each context is cut
+// into up to threads * 4 / pairs splits of at least kMinSplit positions, computed apart and then
+// merged by their log-sum-exp (flash-decoding's split), so one long sequence uses every core.
+template <class T>
 void attention_impl(const T* qp, const T* kp, const T* vp, const int64_t* btp, const int64_t* lp, T* op, int64_t B,
                     int64_t Hq, int64_t Hkv, int64_t D, int64_t nb, int64_t block_size, float sc) {
-  const int64_t G = Hq / Hkv;
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> w, qf(D), of;
+  const int64_t G = Hq / Hkv, threads = at::get_num_threads();
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) longest = std::max(longest, lp[b]);
+  const int64_t want = (threads * 4 + B * Hkv - 1) / (B * Hkv);
+  const int64_t S = std::max<int64_t>(1, std::min(want, longest / kMinSplit));
+  // slots of every position of every sequence (K/V row index / Hkv before the head is added)
+  std::vector<int64_t> start(B + 1, 0);
+  for (int64_t b = 0; b < B; ++b) start[b + 1] = start[b] + lp[b];
+  std::vector<int64_t> slots(start[B]);
+  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t p = 0, blk = 0; p < lp[b]; ++blk)
+        for (int64_t s0 = btp[b * nb + blk] * block_size, j = 0; j < block_size && p < lp[b]; ++j, ++p)
+          slots[start[b] + p] = s0 + j;
+  });
+  const int64_t row = D + 2;
+  std::vector<float> parts(B * Hq * S * row);
+  at::parallel_for(0, B * Hkv * S, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> qf, w;
     std::vector<int64_t> slot;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t b = t / Hkv, h = t % Hkv, L = lp[b];
-      if (L == 0) continue;
-      slot.resize(L);
-      for (int64_t p = 0, blk = 0; p < L; ++blk)  // block by block: no division a position
-        for (int64_t s0 = (btp[b * nb + blk] * block_size) * Hkv + h, j = 0; j < block_size && p < L; ++j, ++p)
-          slot[p] = s0 + j * Hkv;
-      w.resize(G * L);
-      for (int64_t g = 0; g < G; ++g) {
-        const T* qrow = qp + (b * Hq + h * G + g) * D;
-        for (int64_t i = 0; i < D; ++i) qf[i] = to_f(qrow[i]);
-        const float* qv = qf.data();
-        float* wg = w.data() + g * L;
-        float mx = -INFINITY;
-        int64_t p0 = 0;
-        if (D % 8 == 0) {
-          const __m256 scv = _mm256_set1_ps(sc);
-          __m256 mx8 = _mm256_set1_ps(-INFINITY);
-          for (; p0 + 8 <= L; p0 += 8) {
-            const T* keys[8];
-            for (int j = 0; j < 8; ++j) keys[j] = kp + slot[p0 + j] * D;
-            const __m256 s8 = _mm256_mul_ps(dot8(qv, keys, D), scv);
-            _mm256_storeu_ps(wg + p0, s8);
-            mx8 = _mm256_max_ps(mx8, s8);
-          }
-          mx = hmax(mx8);
-        }
-        for (int64_t p = p0; p < L; ++p) {
-          wg[p] = dot_key(qv, kp + slot[p] * D, D) * sc;
-          mx = std::max(mx, wg[p]);
-        }
-        float sum = 0.f;
-        int64_t p = 0;
-        const __m256 mxv = _mm256_set1_ps(mx);
-        __m256 s8 = _mm256_setzero_ps();
-        for (; p + 8 <= L; p += 8) {
-          const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(wg + p), mxv));
-          _mm256_storeu_ps(wg + p, e);
-          s8 = _mm256_add_ps(s8, e);
-        }
-        for (; p < L; ++p) {
-          wg[p] = std::exp(wg[p] - mx);
-          sum += wg[p];
-        }
-        sum += hsum(s8);
-        const float inv = 1.f / sum;
-        for (int64_t p = 0; p < L; ++p) wg[p] *= inv;
+      const int64_t s = t % S, h = (t / S) % Hkv, b = t / (S * Hkv), L = lp[b];
+      const int64_t per = (L + S - 1) / S, p0 = std::min(L, s * per), p1 = std::min(L, p0 + per);
+      float* part = parts.data() + ((b * Hq + h * G) * S) * row;  // rows of (head g, split s) at (g * S + s)
+      if (p0 >= p1) {
+        for (int64_t g = 0; g < G; ++g) part[(g * S + s) * row] = -INFINITY;
+        continue;
       }
-      // out[g] = sum_p w[g][p] v[p], in registers when D is 64 or 128
-      for (int64_t g = 0; g < G; ++g) {
-        T* o = op + (b * Hq + h * G + g) * D;
-        const float* wg = w.data() + g * L;
-        if (D == 64) {
-          weighted_sum<8>(wg, slot.data(), L, vp, o);
-        } else if (D == 128) {
-          weighted_sum<16>(wg, slot.data(), L, vp, o);
-        } else {
-          of.assign(D, 0.f);
-          for (int64_t p = 0; p < L; ++p)
-            for (int64_t i = 0; i < D; ++i) of[i] += wg[p] * to_f(vp[slot[p] * D + i]);
-          for (int64_t i = 0; i < D; ++i) o[i] = static_cast<T>(of[i]);
-        }
+      slot.resize(p1 - p0);
+      for (int64_t p = p0; p < p1; ++p) slot[p - p0] = slots[start[b] + p] * Hkv + h;
+      std::vector<float> mine(G * row);
+      attend_part(qp, kp, vp, slot.data(), 0, p1 - p0, b, h, Hq, G, D, sc, qf, w, mine.data());
+      for (int64_t g = 0; g < G; ++g) std::copy(mine.begin() + g * row, mine.begin() + (g + 1) * row, part + (g * S + s) * row);
+    }
+  });
+  at::parallel_for(0, B * Hq, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<float> o(D);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* pr = parts.data() + r * S * row;
+      float m = -INFINITY;
+      for (int64_t s = 0; s < S; ++s) m = std::max(m, pr[s * row]);
+      T* out = op + r * D;
+      if (m == -INFINITY) {  // an empty context: zeros
+        for (int64_t i = 0; i < D; ++i) out[i] = static_cast<T>(0.f);
+        continue;
       }
+      std::fill(o.begin(), o.end(), 0.f);
+      float l = 0.f;
+      for (int64_t s = 0; s < S; ++s) {
+        if (pr[s * row] == -INFINITY) continue;
+        const float f = std::exp(pr[s * row] - m);
+        l += f * pr[s * row + 1];
+        for (int64_t i = 0; i < D; ++i) o[i] += f * pr[s * row + 2 + i];
+      }
+      const float inv = 1.f / l;
+      for (int64_t i = 0; i < D; ++i) out[i] = static_cast<T>(o[i] * inv);
     }
   });
 }
