@@ -144,14 +144,15 @@ def niah(a) -> dict:
     out = {}
     for name, scaling in (("no scaling", None), (f"yarn x{a.yarn_factor:g}", {"rope_type": "yarn", "factor": a.yarn_factor})):
         cmd = [sys.executable, "-m", "longhaul.cli", "eval", "--model", a.model, "--suite", "niah", "--subfamilies", ",".join(subs),
-               "--n", str(a.niah_n * len(subs)), "--max-new-tokens", "16", "--dtype", a.dtype, "--json",
+               "--n", str(a.niah_n * len(subs)), "--max-new-tokens", "48", "--dtype", a.dtype, "--json",
                "--context-length", str(int(1331 * max(int(k) for k in a.niah_lengths.split(","))) + 512)]  # haystacks run ~1.2x long
         if scaling:
             cmd += ["--rope-scaling", json.dumps(scaling)]
         t = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode:
-            raise SystemExit(f"{name}: longhaul eval failed: {done.stderr.strip().splitlines()[-1]}")
+            said = [line for line in done.stderr.splitlines() if line.strip() and "Loading weights" not in line]
+            raise SystemExit(f"{name}: longhaul eval exited {done.returncode}: {said[-1] if said else '(nothing on stderr)'}")
         groups = json.loads(done.stdout)["by_subfamily"]
         acc = {s.rsplit("_", 1)[1]: groups[s]["passed"] / groups[s]["n"] for s in subs if s in groups}
         effective = max((int(k[:-1]) for k, v in acc.items() if v > RULER_THRESHOLD), default=0)
@@ -199,8 +200,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--parts", default="offload,niah", help="offload (TTFT of the next turn), niah (needle accuracy by length)")
     p.add_argument("--niah-kind", default="passkey", help="passkey, single, multikey or vartrack")
-    p.add_argument("--niah-lengths", default="1,2,4,8,16", help="haystack lengths in thousands of tokens")
-    p.add_argument("--niah-n", type=int, default=8, help="tasks a length")
+    p.add_argument("--niah-lengths", default="1,2,4,8", help="haystack lengths in thousands of tokens (16: ~3 min a task on 2 cores)")
+    p.add_argument("--niah-n", type=int, default=6, help="tasks a length")
     p.add_argument("--yarn-factor", type=float, default=4.0)
     a = p.parse_args()
     parts = a.parts.split(",")
