@@ -54,6 +54,9 @@ def test_bad_configs_are_refused_at_load(tmp_path):
         tiny(tmp_path, policies="both")
     with pytest.raises(LonghaulError, match="unknown workflow 'pilots'"):
         TeamTrainer(tiny(tmp_path, workflow="pilots"))
+    assert TeamTrainer(tiny(tmp_path, budgets={"max_turns": 3, "max_tokens": 500})).wf.max_turns == 3
+    with pytest.raises(LonghaulError, match="max_turnz"):
+        TeamTrainer(tiny(tmp_path, budgets={"max_turnz": 3}))
     with pytest.raises(LonghaulError, match="rl: .*group_size"):
         TeamTrainer(tiny(tmp_path, rl={"rollout": {"group_size": 1}}))
 

@@ -31,7 +31,7 @@ from longhaul.agent.loop import AgentConfig, ModelPolicy
 from longhaul.agent.team import run_team
 from longhaul.agent.team_demos import build_team_demos
 from longhaul.agent.team_run import summarize as summarize_roles
-from longhaul.agent.workflows import load_workflow
+from longhaul.agent.workflows import family_tools, load_workflow, workflow_from
 from longhaul.config import ModelConfig, RunConfig, Section
 from longhaul.envinfo import collect
 from longhaul.envs import get_family
@@ -82,6 +82,9 @@ class TeamTrainConfig(Section):
     family: str = "bugfix"  # a workspace family whose tasks carry reference solutions
     difficulty: int = Field(1, ge=1, le=3)
     subfamilies: list[str] | None = None  # None: all of the family's
+    # the workflow's own fields overridden for this run, e.g. {max_turns: 4, max_tokens: 3000}: an untrained
+    # team rarely submits, so its episodes run the whole budget, and on CPU the budget is the run's wall clock
+    budgets: dict = {}
     policies: Literal["shared", "per_role"] = "shared"  # one model for every role, or a full copy per policy name
     stages: list[Literal["sft", "rl"]] = ["sft", "rl"]  # [rl]: RL from the base with no cold start
     demos: TeamDemosConfig = TeamDemosConfig()
@@ -102,6 +105,9 @@ class TeamTrainer:
         self.cfg, self.dir = cfg, cfg.run_dir
         self.family = get_family(cfg.family)
         self.wf = load_workflow(cfg.workflow, self.family)
+        if cfg.budgets:
+            self.wf = workflow_from({**self.wf.model_dump(by_alias=True), **cfg.budgets}, cfg.workflow).check_tools(
+                family_tools(self.family), self.family.name)
         names = sorted({r.policy for r in self.wf.roles})
         # which model acts for each of the workflow's policy names
         self.model_of = {p: "shared" if cfg.policies == "shared" else p for p in names}
