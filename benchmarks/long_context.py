@@ -22,7 +22,9 @@ mode and is reported apart.
 
 (b) runs `longhaul eval --suite niah` (`--niah-kind`, `--niah-n` tasks at each of
 `--niah-lengths` thousand tokens) on the model as it is and with YaRN (`--yarn-factor`),
-reporting accuracy by length and RULER's effective length (the longest above 85.6%).
+reporting accuracy by length and RULER's effective length (the longest above 85.6%). `decode`
+times the prefill of one random prompt of each of `--decode-lengths` thousand tokens and the
+`--decode-tokens` tokens after it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 from longhaul.agent.demos import build_demos
 from longhaul.cpus import available_cpus
@@ -135,6 +139,29 @@ def run(a) -> dict:
             "date": time.strftime("%Y-%m-%d %H:%M"), "modes": results}
 
 
+def decode_after(a) -> list[dict]:
+    """Prefill of one random prompt of n tokens, then `--decode-tokens` more, for each n."""
+    model, tok = load_policy(a.model)
+    dtype = resolve_dtype(a.dtype)
+    lengths = [int(k) * 1024 for k in a.decode_lengths.split(",")]
+    engine = LLMEngine(model, tokenizer=tok, dtype=dtype, max_model_len=max(lengths) + a.decode_tokens + 16)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for n in lengths:
+        ids = torch.randint(100, 40000, (n,), generator=gen).tolist()
+        engine.flush_prefix_cache()
+        engine.add_request(f"decode-{n}", ids, SamplingParams(max_tokens=a.decode_tokens + 1, ignore_eos=True))
+        t0, first = time.perf_counter(), None
+        while engine.has_unfinished_requests():
+            if engine.step() and first is None:
+                first = time.perf_counter()  # the prompt's last chunk and the first token
+        end = time.perf_counter()
+        rows.append({"prompt_tokens": n, "prefill_s": first - t0, "prefill_tok_s": n / (first - t0),
+                     "decode_tok_s": a.decode_tokens / (end - first)})
+        print(f"{n:>6} tokens: prefill {rows[-1]['prefill_tok_s']:.0f} tok/s, then {rows[-1]['decode_tok_s']:.1f} tok/s", flush=True)
+    return rows
+
+
 RULER_THRESHOLD = 0.856  # RULER's effective length: the longest length scoring above this
 
 
@@ -198,7 +225,10 @@ def main() -> None:
     p.add_argument("--host-gb", type=float, default=2.0, help="the host tier's (or the disk tier's) bound")
     p.add_argument("--modes", default="off,host,disk")
     p.add_argument("--out", type=Path, default=RESULTS)
-    p.add_argument("--parts", default="offload,niah", help="offload (TTFT of the next turn), niah (needle accuracy by length)")
+    p.add_argument("--parts", default="offload,decode,niah",
+                   help="offload (TTFT of the next turn), decode (prefill and decode speed after a long prompt), niah (needle accuracy)")
+    p.add_argument("--decode-lengths", default="1,4,8,16", help="prompt lengths in thousands of tokens")
+    p.add_argument("--decode-tokens", type=int, default=32)
     p.add_argument("--niah-kind", default="passkey", help="passkey, single, multikey or vartrack")
     p.add_argument("--niah-lengths", default="1,2,4,8", help="haystack lengths in thousands of tokens (16: ~3 min a task on 2 cores)")
     p.add_argument("--niah-n", type=int, default=6, help="tasks a length")
@@ -209,6 +239,8 @@ def main() -> None:
                                            "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "available_cpus": available_cpus()}}
     if "offload" in parts:
         print(table(r))
+    if "decode" in parts:
+        r["decode"] = {"dtype": resolve_dtype(a.dtype), "new_tokens": a.decode_tokens, "rows": decode_after(a)}
     if "niah" in parts:
         r["niah"] = niah(a)
         print(niah_table(r))
