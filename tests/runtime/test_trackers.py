@@ -16,8 +16,7 @@ from longhaul.errors import LonghaulError
 from longhaul.runtime.metrics import read_metrics
 from longhaul.runtime.trackers import TABLE_COLUMNS, TRACKERS, flat_config, tracker_scalars
 
-# the trackers extra (make test installs it); found, not imported: Trackio fixes its store directory
-# when first imported, and the run below must be the one that imports it
+# the trackers extra (make test installs it); found here, imported by the runs themselves
 pytestmark = pytest.mark.skipif(TRACKERS["mlflow"].missing() or TRACKERS["wandb"].missing() or TRACKERS["trackio"].missing(),
                                 reason="pip install 'longhaul[trackers]'")
 
@@ -201,3 +200,18 @@ def test_a_multi_turn_episode_goes_whole_into_one_table_row():
     (row,) = rollout_rows(5, [[traj]], tok)
     assert row["prompt"] == "task: list files\n" and row["task"] == "t/1" and row["passed"] is True and row["step"] == 5
     assert row["completion"] == "[assistant]\nls\n\n[tool]\n\n" + "x" * 3000 + "\n\n\n[assistant]\nsubmit", row["completion"][:80]
+
+
+def test_runs_one_after_another_in_one_process_each_log_to_their_own_trackio_store(tmp_path):
+    """Trackio keeps its directory in module globals read at import (transformers may import it
+    first, under another TRACKIO_DIR): each run's tracker points them at its own store."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    from longhaul.runtime.trackers import Trackio
+
+    for name in ("first", "second"):
+        t = Trackio(tmp_path / name, "longhaul", name, {"seed": 0})
+        t.log_scalars(1, {"reward": 0.5})
+        t.close()
+        assert (tmp_path / name / "trackio" / "longhaul.db").is_file()
+        assert SQLiteStorage.get_runs("longhaul") == [name]  # read from this run's store only

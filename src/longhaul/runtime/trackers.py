@@ -152,22 +152,21 @@ class WandB:
 class Trackio:
     """A run in Trackio's SQLite store `trackio/<project>.db`; see it with
     `TRACKIO_DIR=runs/<name>/trackio trackio show`. Trackio reads TRACKIO_DIR once, when first
-    imported, so one process keeps one store: a second run with Trackio in the same process
-    (another run directory) is refused rather than logged into the first one's store."""
+    imported (transformers' integrations may import it earlier), and its modules each keep the
+    directory in a global of their own: every one of them is pointed at this run's store."""
 
     def __init__(self, run_dir: Path, project: str, name: str, config: dict):
         for var in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
             if os.environ.get(var):
                 raise LonghaulError(f"{var} is set, but longhaul logs to Trackio's local store only; unset {var}")
         store = (run_dir / "trackio").resolve()
-        if "trackio" not in sys.modules:
-            os.environ["TRACKIO_DIR"] = str(store)
+        os.environ["TRACKIO_DIR"] = str(store)
         import trackio
-        import trackio.utils
+        import trackio.sqlite_storage  # noqa: F401  (one of the modules holding the directory)
 
-        if Path(trackio.utils.TRACKIO_DIR).resolve() != store:
-            raise LonghaulError(f"this process's Trackio store is {trackio.utils.TRACKIO_DIR} (Trackio reads TRACKIO_DIR once); "
-                                "start this run in a new process to report it to trackio")
+        for mod in [m for k, m in list(sys.modules.items()) if k == "trackio" or k.startswith("trackio.")]:
+            if isinstance(getattr(mod, "TRACKIO_DIR", None), Path):
+                mod.TRACKIO_DIR = store
         self.trackio = trackio
         with contextlib.redirect_stdout(io.StringIO()):  # its dashboard hints: open() prints one line instead
             self.run = trackio.init(project=project, name=name, config=config, embed=False,
