@@ -116,7 +116,13 @@ def test_eval_refuses_a_budget_past_the_context_and_an_unknown_subfamily(tmp_pat
     _assert_clean_error(r, "sub-family list ['nope']; valid:", tmp_path)
 
 
-def test_eval_takes_a_rope_extension_and_refuses_a_bad_one(tmp_path):
+def test_eval_refuses_a_bad_rope_extension(tmp_path):
+    r = run_cli("eval", "--model", "tiny-llama", "--suite", "echo", "--rope-scaling", '{"rope_type": "ntk", "factor": 2}', cwd=tmp_path)
+    _assert_clean_error(r, "is not one of linear, dynamic, yarn, llama3", tmp_path)
+
+
+@pytest.mark.slow  # two more CLI processes (~9 s)
+def test_eval_takes_a_rope_extension_and_refuses_one_that_is_not_json(tmp_path):
     import json
 
     r = run_cli("eval", "--model", "tiny-llama", "--suite", "echo", "--n", "2", "--max-new-tokens", "8", "--json",
@@ -125,8 +131,6 @@ def test_eval_takes_a_rope_extension_and_refuses_a_bad_one(tmp_path):
     assert json.loads(r.stdout)["n"] == 2
     r = run_cli("eval", "--model", "tiny-llama", "--suite", "echo", "--rope-scaling", '{"rope_type": "yarn"', cwd=tmp_path)
     _assert_clean_error(r, "--rope-scaling is not JSON", tmp_path)
-    r = run_cli("eval", "--model", "tiny-llama", "--suite", "echo", "--rope-scaling", '{"rope_type": "ntk", "factor": 2}', cwd=tmp_path)
-    _assert_clean_error(r, "is not one of linear, dynamic, yarn, llama3", tmp_path)
 
 
 @pytest.mark.slow

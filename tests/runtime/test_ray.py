@@ -192,6 +192,7 @@ def test_sandbox_pools_need_async_on_ray(tmp_path):
         run_training(cfg)
 
 
+@pytest.mark.slow  # ~18 s; the killed rollout actor and sandbox pool tests stay fast
 def test_a_killed_trainer_actor_is_replaced_and_the_run_resumes_from_its_checkpoint(tmp_path, ray_cluster):
     from longhaul.rl.checkpoint import list_checkpoints
 

@@ -28,6 +28,7 @@ def tiny(tmp_path, **over) -> TeamTrainConfig:
     return validate_config(tree, TeamTrainConfig)
 
 
+@pytest.mark.slow  # ~15 s: demos, SFT and an RL step of two tiny policies; the team runner and demos have fast tests
 def test_a_per_role_team_trains_end_to_end(tmp_path):
     summary = train_team(tiny(tmp_path))
     run = tmp_path / "team"

@@ -50,6 +50,7 @@ def test_runs_are_gathered_by_the_load_their_draw_offers(runs, tmp_path):
     assert page.count("<svg") == 3 and "fairness error by offered load" in page
 
 
+@pytest.mark.slow  # ~13 s of benchmark-script subprocesses
 def test_bad_input_gets_one_error_line_and_writes_nothing(runs, tmp_path):
     junk = tmp_path / "junk.json"
     junk.write_text('{"not": "a run"}')
