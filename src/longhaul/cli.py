@@ -139,16 +139,11 @@ def envcheck(
 ):
     """Validate tasks: the reference passes, the null agent fails, results repeat; write the manifest."""
     import json
-    from contextlib import contextmanager
 
     from longhaul.eval.envcheck import run_envcheck
-    from longhaul.runtime.progress import console, progress_bar
+    from longhaul.runtime.progress import console, named_bars
 
-    @contextmanager
-    def bar(name, total):
-        with progress_bar(True, stderr=json_out) as prog:
-            t = prog.add_task(f"envcheck {name}", total=total, info="")
-            yield lambda k: prog.advance(t, k)
+    bar = named_bars("envcheck", stderr=json_out)
 
     from pathlib import Path
 
@@ -455,17 +450,12 @@ def team_run(
 ):
     """Run team episodes of a workflow and write one trajectory per role per episode."""
     import json
-    from contextlib import contextmanager
 
     from longhaul.agent.team_run import run_workflow
     from longhaul.envs import get_family
-    from longhaul.runtime.progress import console, progress_bar
+    from longhaul.runtime.progress import console, named_bars
 
-    @contextmanager
-    def bar(name, total):
-        with progress_bar(True, stderr=json_out) as prog:
-            t = prog.add_task(f"team {name}", total=total, info="")
-            yield lambda k: prog.advance(t, k)
+    bar = named_bars("team", stderr=json_out)
 
     if n < 1:
         raise LonghaulError(f"--n must be >= 1, got {n}")

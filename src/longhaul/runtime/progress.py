@@ -18,3 +18,15 @@ def progress_bar(enabled: bool = True, stderr: bool = False):
     out = Console(stderr=True, highlight=False) if stderr else console
     with Progress(*cols, console=out, disable=not enabled, transient=False) as prog:
         yield prog
+
+
+def named_bars(prefix: str, stderr: bool = False):
+    """`factory(name, total)`: a context manager of one bar labelled `prefix name` that yields
+    `advance(k)`; for work that opens its bars itself (envcheck's families, a team's episodes)."""
+    @contextmanager
+    def bar(name, total):
+        with progress_bar(True, stderr=stderr) as prog:
+            t = prog.add_task(f"{prefix} {name}", total=total, info="")
+            yield lambda k: prog.advance(t, k)
+
+    return bar
