@@ -12,6 +12,7 @@ from gguf.quants import quantize as gguf_quantize
 
 from longhaul.errors import LonghaulError
 from longhaul.inference import quant_blocks as qb
+from longhaul.ops.linear import amx
 from tests.ops.test_small_gemm_int8 import _grid
 
 TYPES = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
@@ -64,11 +65,20 @@ def test_block_gemm_equals_fp64_product_on_the_activation_grid(native, nr, name,
         assert (err <= rel * want.abs() + 2e-6 * scale + 1e-30).all(), (err - rel * want.abs()).max()
 
 
-def test_prefill_takes_the_dequantized_weight(native):
+def test_calls_over_native_rows_take_the_dequantized_weight(native):
     w = torch.randn(40, 64)
     lin = qb.BlockLinear.from_float(w, "q4_1")
+    assert lin.native_rows == (16 if amx() else 1 << 30)  # AMX hosts prefill on oneDNN's tiles
+    lin.native_rows = 16
     x = torch.randn(30, 64)
     torch.testing.assert_close(lin(x), x @ lin.dequantize().T, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_on_the_kernel_gives_each_row_its_single_row_result(native):
+    lin = qb.BlockLinear.from_float(torch.randn(40, 64), "q4_0")
+    lin.native_rows = 1 << 30
+    x = torch.randn(200, 64)
+    assert torch.equal(lin(x), torch.cat([lin(x[i:i + 1]) for i in range(200)]))
 
 
 def test_concat_fuses_rows_and_refuses_mixed_formats():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from longhaul.inference.quant import Int8Linear, quantize_linear
+from longhaul.ops.linear import amx
 
 
 @pytest.fixture(params=[8, 16], ids=["avx2-panels", "vnni-panels"])
@@ -70,12 +71,24 @@ def test_int8_gemm_stays_within_the_activation_grid_of_the_float_product(native,
     assert (xq - x.double()).abs().max() > 0  # the grid is real: x is not representable exactly
 
 
-def test_more_rows_leave_the_kernel_and_agree(native):
-    """Calls of more rows than `KERNEL_ROWS` multiply unquantized activations (prefill)."""
+def test_more_rows_than_native_rows_leave_the_kernel_and_agree(native):
+    """Calls of more rows than `native_rows` (16 on an AMX CPU) multiply unquantized activations."""
     w = torch.randn(64, 32)
     lin, plain = Int8Linear.from_float(w).use_native(native), Int8Linear.from_float(w)
+    lin.native_rows = 16
     x = torch.randn(40, 32)
     torch.testing.assert_close(lin(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+def test_without_amx_every_call_runs_the_kernel_row_by_row_alike(native):
+    """Elsewhere the kernel takes prefill-sized calls too, and a row's result does not depend on
+    the rows beside it (each row's activations are quantized on their own)."""
+    lin = Int8Linear.from_float(torch.randn(64, 96)).use_native(native)
+    assert lin.native_rows == (16 if amx() else 1 << 30)
+    lin.native_rows = 1 << 30
+    x = torch.randn(300, 96)
+    whole = lin(x)
+    assert torch.equal(whole, torch.cat([lin(x[i:i + 1]) for i in range(300)]))
 
 
 def test_the_engine_packer_uses_the_kernel_and_refuses_bad_widths(native, monkeypatch):

@@ -35,7 +35,7 @@ from torch import nn
 
 from longhaul.errors import LonghaulError
 from longhaul.ops.kernels import native
-from longhaul.ops.linear import DequantizedCopy, panel_width
+from longhaul.ops.linear import DequantizedCopy, panel_width, quantized_kernel_rows
 
 Axis = Literal["token", "channel"]
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -62,12 +62,14 @@ def int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int8Linear(nn.Module):
     """A weight-only int8 linear: `y = x @ (codes * scale[:, None]).T (+ bias)`, y in x's dtype.
 
-    On CPU, calls of up to `KERNEL_ROWS` rows use the native int8 kernel once `use_native` packed
+    On CPU, calls of up to `native_rows` rows (every call, except on an AMX CPU:
+    `linear.quantized_kernel_rows`) use the native int8 kernel once `use_native` packed
     the codes (the engine's packer does): it quantizes x per 32 values to int8 (scale max|x| / 127,
     as llama.cpp's Q8_0 dot products do) and sums exact integer products, so its y is that of x
     on this grid (each value within half its group's step). Calls of more rows on CPU (prefill,
-    large batches) multiply by the dequantized weight, oneDNN-packed once per dtype
-    (`linear.DequantizedCopy`: a float copy beside the codes). Otherwise, for few bf16/fp16 rows
+    large batches; without the kernel, more than `KERNEL_ROWS`) multiply by the dequantized weight,
+    oneDNN-packed once per dtype (`linear.DequantizedCopy`: a float copy beside the codes).
+    Otherwise, for few bf16/fp16 rows
     without the kernel, `torch._weight_int8pack_mm` (int8 weights, scales in x's dtype); float32
     inputs without the kernel and other devices multiply by the weight cast to x's dtype and scale
     the output (exact: the scale is per output channel).
@@ -81,15 +83,17 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale.float().contiguous())  # (out,)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self._native = None  # (kernel, panels) once `use_native` packed the codes
+        self.native_rows = 0  # the most rows a call takes through the native kernel
         self._large = None  # DequantizedCopy, made by the first call of more than KERNEL_ROWS rows
 
     def use_native(self, kernel, nr: int = 0) -> "Int8Linear":
-        """Take calls of up to `KERNEL_ROWS` rows through the native integer kernel
+        """Take calls of up to `native_rows` rows through the native integer kernel
         (`csrc/small_gemm_blocks.cpp` with one scale an output: codes in 8- or 16-output panels
         of k quads, AVX512-VNNI or AVX2 integer dot products); a second copy of the codes, in the
         kernel's order, stored as code + 128."""
         u = (self.codes.to(torch.int16) + 128).to(torch.uint8)
         self._native = (kernel, kernel.pack_blocks(u, _EMPTY, _EMPTY, 8, 128, nr)[0])
+        self.native_rows = quantized_kernel_rows()
         return self
 
     @classmethod
@@ -115,7 +119,7 @@ class Int8Linear(nn.Module):
         codes, scale, bias = buf["codes"], buf["scale"], buf["bias"]
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
         native = self._native
-        if native is not None and x2.shape[0] <= self.KERNEL_ROWS and x.dtype in (torch.float32, torch.bfloat16):
+        if native is not None and x2.shape[0] <= self.native_rows and x.dtype in (torch.float32, torch.bfloat16):
             y = native[0].mm_blocks(x2, native[1], scale, _EMPTY, 8, 128, codes.shape[0], _EMPTY if bias is None else bias)
             return y if x.dim() == 2 else y.view(*x.shape[:-1], -1)
         if x.is_cpu and x2.shape[0] > self.KERNEL_ROWS:  # prefill, large batches: a GEMM over the float weight
@@ -140,7 +144,7 @@ class Int8Linear(nn.Module):
         if self._native is None:
             return None
         bias = _EMPTY if self.bias is None else self.bias
-        return ("int8", self._native[1], self.scale, _EMPTY, bias, self.out_features, 8, 128), self.KERNEL_ROWS
+        return ("int8", self._native[1], self.scale, _EMPTY, bias, self.out_features, 8, 128), self.native_rows
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

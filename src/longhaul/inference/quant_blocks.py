@@ -24,7 +24,7 @@ import torch
 
 from longhaul.errors import LonghaulError
 from longhaul.ops.kernels import native
-from longhaul.ops.linear import DequantizedCopy, panel_width
+from longhaul.ops.linear import DequantizedCopy, panel_width, quantized_kernel_rows
 
 GROUP = 32
 _EMPTY = torch.empty(0)
@@ -113,13 +113,12 @@ def dequantize(u: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, name: s
 class BlockLinear:
     """A block-quantized weight (N, K) as a linear: `w(x) = x @ W.T (+ bias)`, y in x's dtype.
 
-    Calls of up to `KERNEL_ROWS` rows run the native kernel (activations quantized per 32
-    values, integer dot products); larger calls (prefill chunks) multiply by the dequantized
-    weight, kept oneDNN-packed in `dtype` once first needed (a second copy: the prefill speed of a
-    plain linear). Without the native kernels every call takes the dequantized path.
+    Calls of up to `native_rows` rows (every call, except on an AMX CPU:
+    `linear.quantized_kernel_rows`) run the native kernel (activations quantized per 32 values,
+    integer dot products); larger calls multiply by the dequantized weight, kept oneDNN-packed in
+    `dtype` once first needed (a second copy: the prefill speed of a plain linear). Without the
+    native kernels every call takes the dequantized path.
     """
-
-    KERNEL_ROWS = 16
 
     def __init__(self, u: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, name: str,
                  bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32, nr: int | None = None):
@@ -131,6 +130,7 @@ class BlockLinear:
         self._large = DequantizedCopy(self.dequantize, self.bias)
         self._kernel = native()
         self._packed = None
+        self.native_rows = quantized_kernel_rows() if self._kernel is not None else 0
         if self._kernel is not None:
             width = panel_width() if nr is None else nr
             self._packed = self._kernel.pack_blocks(self.u, self.d, _EMPTY if m is None else self.m, self.format.bits,
@@ -150,7 +150,7 @@ class BlockLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        if self._packed is not None and x2.shape[0] <= self.KERNEL_ROWS and x.dtype in (torch.float32, torch.bfloat16):
+        if self._packed is not None and x2.shape[0] <= self.native_rows and x.dtype in (torch.float32, torch.bfloat16):
             codes, d, m = self._packed
             y = self._kernel.mm_blocks(x2, codes, d, m, self.format.bits, self.format.offset, self.out_features,
                                        _EMPTY if self.bias is None else self.bias)
@@ -164,7 +164,7 @@ class BlockLinear:
             return None
         codes, d, m = self._packed
         bias = _EMPTY if self.bias is None else self.bias
-        return (self.format.name, codes, d, m, bias, self.out_features, self.format.bits, self.format.offset), self.KERNEL_ROWS
+        return (self.format.name, codes, d, m, bias, self.out_features, self.format.bits, self.format.offset), self.native_rows
 
 
 def concat(parts: list[BlockLinear], bias: torch.Tensor | None = None) -> BlockLinear:

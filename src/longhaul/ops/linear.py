@@ -144,6 +144,21 @@ def panel_width() -> int:
     return int(forced or 0)
 
 
+def amx() -> bool:
+    """Whether this CPU has AMX tiles (oneDNN's bf16/int8 GEMMs run on them)."""
+    probe = getattr(getattr(torch, "cpu", None), "_is_amx_tile_supported", None)
+    return bool(probe is not None and probe())
+
+
+def quantized_kernel_rows() -> int:
+    """The most rows a call of the native integer kernels (int8, Q8_0, Q4_0, Q4_1) takes; larger
+    calls multiply by a dequantized oneDNN copy (`DequantizedCopy`). 16 on a CPU with AMX, whose
+    tile GEMM over the copy is the faster prefill there; elsewhere every call, since oneDNN's
+    AVX-512 or AVX2 GEMM over a float copy is slower than the integer dot products from a few
+    rows up (docs/results/inference.md)."""
+    return 16 if amx() else 1 << 30
+
+
 def pack(w: torch.Tensor | None, b: torch.Tensor | None = None, few_rows: bool = True):
     """The fastest callable for weight w (and bias b), or w itself when nothing faster exists.
 

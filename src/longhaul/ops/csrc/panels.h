@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 // W (N, K) row-major -> dst (ceil(N / nr), K, nr): panel g holds outputs g*nr .. g*nr+nr-1, each k's
 // nr weights side by side; dst must be zeroed (the last panel's missing outputs stay 0).
@@ -26,6 +27,11 @@ void pack_panels(const T* src, T* dst, int64_t N, int64_t K, int64_t nr) {
 
 // Calls panel(g, m, mr, nc) for every panel g of the G (nc: its real outputs, <= nr; N in all)
 // and every block of mr <= 8 rows starting at row m of the M.
+//
+// Each thread owns a contiguous range of panels and takes it chunk by chunk from that range's
+// counter, so each core streams one long run of the weight (what the hardware prefetchers follow
+// best); a thread done with its own range takes the chunks left in the others', so a thread
+// slowed by another process does not hold the call back.
 template <class Panel>
 void run_panels(int64_t G, int64_t M, int64_t nr, int64_t N, Panel panel) {
   if (M == 0) return;
@@ -41,8 +47,19 @@ void run_panels(int64_t G, int64_t M, int64_t nr, int64_t N, Panel panel) {
     run(0, G);
     return;
   }
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t g0; (g0 = next.fetch_add(chunk)) < G;) run(g0, std::min(G, g0 + chunk));
+  struct alignas(64) Range {
+    std::atomic<int64_t> next;
+    int64_t end;
+  };
+  std::vector<Range> ranges(threads);
+  for (int t = 0; t < threads; ++t) {
+    ranges[t].next.store(G * t / threads, std::memory_order_relaxed);
+    ranges[t].end = G * (t + 1) / threads;
+  }
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t) {
+    for (int64_t i = 0; i < threads; ++i) {
+      Range& r = ranges[(t0 + i) % threads];
+      for (int64_t g0; (g0 = r.next.fetch_add(chunk, std::memory_order_relaxed)) < r.end;) run(g0, std::min(r.end, g0 + chunk));
+    }
   });
 }

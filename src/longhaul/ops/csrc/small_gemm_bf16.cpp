@@ -30,29 +30,39 @@ constexpr int NR_WIDEN = 8;    // outputs per widen panel
 constexpr int PF_PAIRS = 128;  // dp prefetch distance in k pairs (128 x 64 B = 8 KiB)
 constexpr int PF_K = 512;      // widen prefetch distance in k (512 x 16 B = 8 KiB)
 
-template <int MR>
+// One dot-product chain per row waits on the previous `vdpbf16ps` (several cycles), which at one or
+// two rows holds a core to one 64-byte load per instruction latency, below what memory streams: so
+// few-row panels split k over U interleaved accumulators a row, added in a fixed order at the end.
+template <int MR, int U>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void panel_dp(const uint16_t* __restrict x, int64_t K,
                                                                               const uint16_t* __restrict wp, float* __restrict y,
                                                                               int64_t ldy, int nc) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  __m512 acc[MR][U];
+  for (int i = 0; i < MR; ++i)
+    for (int u = 0; u < U; ++u) acc[i][u] = _mm512_setzero_ps();
   const int64_t K2 = K / 2;
   const int32_t* xp = reinterpret_cast<const int32_t*>(x);  // a row's k pairs as 32-bit words
   const int64_t ldp = K2;                                   // pairs a row
-  for (int64_t p = 0; p < K2; ++p) {
+  int64_t p = 0;
+  for (; p + U <= K2; p += U) {
     _mm_prefetch(reinterpret_cast<const char*>(wp + (p + PF_PAIRS) * 2 * NR_DP), _MM_HINT_T2);
-    const __m512bh w = (__m512bh)_mm512_loadu_si512(wp + p * 2 * NR_DP);
-    a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32(xp[p]), w);
-    if (MR > 1) a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32(xp[ldp + p]), w);
-    if (MR > 2) a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_set1_epi32(xp[2 * ldp + p]), w);
-    if (MR > 3) a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_set1_epi32(xp[3 * ldp + p]), w);
-    if (MR > 4) a4 = _mm512_dpbf16_ps(a4, (__m512bh)_mm512_set1_epi32(xp[4 * ldp + p]), w);
-    if (MR > 5) a5 = _mm512_dpbf16_ps(a5, (__m512bh)_mm512_set1_epi32(xp[5 * ldp + p]), w);
-    if (MR > 6) a6 = _mm512_dpbf16_ps(a6, (__m512bh)_mm512_set1_epi32(xp[6 * ldp + p]), w);
-    if (MR > 7) a7 = _mm512_dpbf16_ps(a7, (__m512bh)_mm512_set1_epi32(xp[7 * ldp + p]), w);
+    if (U > 1) _mm_prefetch(reinterpret_cast<const char*>(wp + (p + PF_PAIRS + U - 1) * 2 * NR_DP), _MM_HINT_T2);
+    for (int u = 0; u < U; ++u) {
+      const __m512bh w = (__m512bh)_mm512_loadu_si512(wp + (p + u) * 2 * NR_DP);
+      for (int i = 0; i < MR; ++i) acc[i][u] = _mm512_dpbf16_ps(acc[i][u], (__m512bh)_mm512_set1_epi32(xp[i * ldp + p + u]), w);
+    }
   }
-  const __m512 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+  for (; p < K2; ++p) {
+    const __m512bh w = (__m512bh)_mm512_loadu_si512(wp + p * 2 * NR_DP);
+    for (int i = 0; i < MR; ++i) acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)_mm512_set1_epi32(xp[i * ldp + p]), w);
+  }
   const __mmask16 keep = static_cast<__mmask16>((1u << nc) - 1u);
-  for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
+  for (int i = 0; i < MR; ++i) {
+    __m512 sum = acc[i][0];
+    if (U == 2) sum = _mm512_add_ps(acc[i][0], acc[i][U - 1]);
+    if (U == 4) sum = _mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]), _mm512_add_ps(acc[i][2], acc[i][U - 1]));
+    _mm512_mask_storeu_ps(y + i * ldy, keep, sum);
+  }
 }
 
 template <int MR>
@@ -81,8 +91,8 @@ void panel_widen(const float* __restrict x, int64_t K, const uint16_t* __restric
 
 using DpFn = void (*)(const uint16_t*, int64_t, const uint16_t*, float*, int64_t, int);
 using WidenFn = void (*)(const float*, int64_t, const uint16_t*, float*, int64_t, int);
-constexpr DpFn kDp[9] = {nullptr, panel_dp<1>, panel_dp<2>, panel_dp<3>, panel_dp<4>,
-                         panel_dp<5>, panel_dp<6>, panel_dp<7>, panel_dp<8>};
+constexpr DpFn kDp[9] = {nullptr,          panel_dp<1, 4>, panel_dp<2, 2>, panel_dp<3, 2>, panel_dp<4, 1>,
+                         panel_dp<5, 1>, panel_dp<6, 1>, panel_dp<7, 1>, panel_dp<8, 1>};
 constexpr WidenFn kWiden[9] = {nullptr, panel_widen<1>, panel_widen<2>, panel_widen<3>, panel_widen<4>,
                                panel_widen<5>, panel_widen<6>, panel_widen<7>, panel_widen<8>};
 
