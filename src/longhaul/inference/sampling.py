@@ -15,7 +15,9 @@ vLLM, also hold the sampled token when it is not among the top n.
 
 Sampling is inverse-CDF with one uniform per token from the request's own generator, so a
 seeded request draws the same tokens whatever else shares its batch (torch.multinomial with a
-shared generator does not).
+shared generator does not). On CPU the draw, the argmax and the log-normaliser of fp32 logits
+run in one native call (`csrc/sample.cpp`, the same chunked inverse CDF as `inverse_cdf`) where
+the kernels build; torch's ops elsewhere.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from longhaul.errors import LonghaulError
+from longhaul.ops.kernels import native
 
 
 class SamplingParamsError(LonghaulError, ValueError):
@@ -114,9 +117,9 @@ def apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Raw (B, V) float32 logits (banned tokens already at -inf) -> the logits sampled from."""
     dev = logits.device
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=dev)
-    if bool((temps != 1).any()):
-        logits = logits / temps[:, None]
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    if any(t != 1 for t in temps):
+        logits = logits / torch.tensor(temps, device=dev)[:, None]
     if any(p.min_p > 0 and not p.greedy for p in params):
         logits = apply_min_p(logits, torch.tensor([0.0 if p.greedy else p.min_p for p in params], device=dev))
     if any(p.top_k > 0 and not p.greedy for p in params):
@@ -192,7 +195,18 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
                 logits[b, ids] = float("-inf")
     x = process_logits(logits, params)
     greedy_rows = [b for b, p in enumerate(params) if p.greedy]
-    if len(greedy_rows) == len(params):
+    kernel = native() if x.is_cpu and x.dtype == torch.float32 else None
+    if kernel is not None:  # the argmax or the draw, and the log-normaliser, in one call
+        random_rows = [b for b, p in enumerate(params) if not p.greedy]
+        if len(random_rows) == len(params):
+            u = uniforms(generators)
+        else:
+            u = torch.full((len(params),), -1.0, dtype=torch.float64)
+            if random_rows:
+                u[random_rows] = uniforms([generators[b] for b in random_rows])
+        tokens, lse = kernel.sample_rows(x, u)
+        lse = lse[:, None]
+    elif len(greedy_rows) == len(params):
         m, tokens = x.max(-1, keepdim=True)  # max with indices: argmax is ~2x slower on CPU
         tokens = tokens.squeeze(-1)
         w = torch.sub(x, m).exp_()
@@ -206,7 +220,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         if greedy_rows:
             rows = torch.tensor(greedy_rows, device=x.device)
             tokens[rows] = x[rows].max(-1).indices
-    lse = m + w.sum(-1, keepdim=True).log()  # (B, 1)
+    if kernel is None:
+        lse = m + w.sum(-1, keepdim=True).log()  # (B, 1)
     any_raw = any(p.logprobs_mode == "raw" for p in params)
     raw_lse = raw.logsumexp(-1, keepdim=True) if any_raw else lse
     idx = tokens[:, None]

@@ -56,4 +56,5 @@ void attention_pack_backward(const torch::Tensor& dqp, const torch::Tensor& dkp,
 torch::Tensor attention_unpack(const torch::Tensor& o, const torch::Tensor& out_index, int64_t Hq);
 torch::Tensor attention_unpack_backward(const torch::Tensor& g, const torch::Tensor& out_index, int64_t R, int64_t Tq,
                                         int64_t Hkv, int64_t Hq);
+std::vector<torch::Tensor> sample_rows(const torch::Tensor& x, const torch::Tensor& u);
 std::vector<torch::Tensor> softmax_stats(torch::Tensor z, const torch::Tensor& targets, bool with_entropy, bool write_probs);

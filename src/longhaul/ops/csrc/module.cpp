@@ -34,5 +34,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_pack_backward", &attention_pack_backward, "the gradient of attention_pack, written into (dq, dk, dv)");
   m.def("attention_unpack", &attention_unpack, "the padded attention output -> flat rows (N, Hq D)");
   m.def("attention_unpack_backward", &attention_unpack_backward, "the gradient of attention_unpack");
+  m.def("sample_rows", &sample_rows, "one token a row from fp32 logits: argmax where u < 0, else the inverse-CDF draw "
+        "for u; and each row's log-normaliser");
   m.def("softmax_stats", &softmax_stats, "per-row log p(target), entropy, and optionally the softmax in place");
 }
