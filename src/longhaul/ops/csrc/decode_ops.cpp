@@ -100,6 +100,7 @@ inline void weighted_sum_any(const float* w, const int64_t* slot, int64_t p0, in
 
 constexpr int64_t kSpan = 64;        // positions whose keys / values serve all G query heads while in L1
 constexpr int64_t kMinSplit = 256;   // the fewest positions a task takes when a context is split over threads
+constexpr int64_t kSerialWork = 1024;  // (position, KV head) pairs below which a step's attention stays on one thread
 
 // One task: query heads [h*G, h*G + G) of sequence b over the positions whose K/V rows are
 // slot[p0..p1).
@@ -177,44 +178,57 @@ void attend_part(const T* qp, const T* kp, const T* vp, const int64_t* slot, int
 // there are enough (sequence, head) pairs to keep every thread busy, else each context is cut
 // into up to threads * 4 / pairs splits of at least kMinSplit positions, computed apart and then
 // merged by their log-sum-exp (flash-decoding's split), so one long sequence uses every core.
+// With one split a task normalises its heads' rows and writes them out itself; a step whose
+// contexts hold fewer than kSerialWork (position, KV head) pairs in all runs on the calling thread,
+// since waking the others costs more than the arithmetic.
 template <class T>
 void attention_impl(const T* qp, const T* kp, const T* vp, const int64_t* btp, const int64_t* lp, T* op, int64_t B,
                     int64_t Hq, int64_t Hkv, int64_t D, int64_t nb, int64_t block_size, float sc) {
   const int64_t G = Hq / Hkv, threads = at::get_num_threads();
-  int64_t longest = 0;
-  for (int64_t b = 0; b < B; ++b) longest = std::max(longest, lp[b]);
+  int64_t longest = 0, work = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    longest = std::max(longest, lp[b]);
+    work += lp[b] * Hkv;
+  }
   const int64_t want = (threads * 4 + B * Hkv - 1) / (B * Hkv);
   const int64_t S = std::max<int64_t>(1, std::min(want, longest / kMinSplit));
-  // slots of every position of every sequence (K/V row index / Hkv before the head is added)
-  std::vector<int64_t> start(B + 1, 0);
-  for (int64_t b = 0; b < B; ++b) start[b + 1] = start[b] + lp[b];
-  std::vector<int64_t> slots(start[B]);
-  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b)
-      for (int64_t p = 0, blk = 0; p < lp[b]; ++blk)
-        for (int64_t s0 = btp[b * nb + blk] * block_size, j = 0; j < block_size && p < lp[b]; ++j, ++p)
-          slots[start[b] + p] = s0 + j;
-  });
   const int64_t row = D + 2;
-  std::vector<float> parts(B * Hq * S * row);
-  at::parallel_for(0, B * Hkv * S, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> qf, w;
+  std::vector<float> parts(S > 1 ? B * Hq * S * row : 0);
+  // writes the G heads' rows of `part` (G rows of D + 2) normalised to out (G rows of D)
+  auto finish = [D](const float* part, int64_t G, T* out) {
+    for (int64_t g = 0; g < G; ++g, part += D + 2, out += D) {
+      if (part[0] == -INFINITY) {  // an empty context: zeros
+        for (int64_t i = 0; i < D; ++i) out[i] = static_cast<T>(0.f);
+        continue;
+      }
+      const float inv = 1.f / part[1];
+      for (int64_t i = 0; i < D; ++i) out[i] = static_cast<T>(part[2 + i] * inv);
+    }
+  };
+  auto tasks = [&](int64_t t0, int64_t t1) {
+    std::vector<float> qf, w, mine(G * row);
     std::vector<int64_t> slot;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t s = t % S, h = (t / S) % Hkv, b = t / (S * Hkv), L = lp[b];
       const int64_t per = (L + S - 1) / S, p0 = std::min(L, s * per), p1 = std::min(L, p0 + per);
-      float* part = parts.data() + ((b * Hq + h * G) * S) * row;  // rows of (head g, split s) at (g * S + s)
       if (p0 >= p1) {
-        for (int64_t g = 0; g < G; ++g) part[(g * S + s) * row] = -INFINITY;
+        for (int64_t g = 0; g < G; ++g) mine[g * row] = -INFINITY;
+      } else {
+        slot.resize(p1 - p0);  // K/V rows of this head at positions p0..p1 of the sequence's blocks
+        for (int64_t p = p0; p < p1; ++p) slot[p - p0] = (btp[b * nb + p / block_size] * block_size + p % block_size) * Hkv + h;
+        attend_part(qp, kp, vp, slot.data(), 0, p1 - p0, b, h, Hq, G, D, sc, qf, w, mine.data());
+      }
+      if (S == 1) {
+        finish(mine.data(), G, op + (b * Hq + h * G) * D);
         continue;
       }
-      slot.resize(p1 - p0);
-      for (int64_t p = p0; p < p1; ++p) slot[p - p0] = slots[start[b] + p] * Hkv + h;
-      std::vector<float> mine(G * row);
-      attend_part(qp, kp, vp, slot.data(), 0, p1 - p0, b, h, Hq, G, D, sc, qf, w, mine.data());
+      float* part = parts.data() + ((b * Hq + h * G) * S) * row;  // rows of (head g, split s) at (g * S + s)
       for (int64_t g = 0; g < G; ++g) std::copy(mine.begin() + g * row, mine.begin() + (g + 1) * row, part + (g * S + s) * row);
     }
-  });
+  };
+  if (work < kSerialWork) tasks(0, B * Hkv * S);
+  else at::parallel_for(0, B * Hkv * S, 1, tasks);
+  if (S == 1) return;
   at::parallel_for(0, B * Hq, 16, [&](int64_t r0, int64_t r1) {
     std::vector<float> o(D);
     for (int64_t r = r0; r < r1; ++r) {
