@@ -75,11 +75,39 @@ def test_a_diverged_metric_is_served_as_missing_with_a_warning(client, root):
     assert body["warnings"] == ["metrics.jsonl line 7: not a finite number: loss (nan), kl.max (-inf); shown as missing"]
 
 
+def test_metrics_as_columns_align_every_metric_with_the_steps(client, root):
+    """The run page's format: one array per top-level number, null where a line lacks it; nested
+    values (`kl.max`) and strings stay in the rows format only."""
+    with (root / "grpo-tiny" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 7, "loss": NaN, "reward": 0.5, "kl": {"max": -Infinity}, "note": "x", "new": 3}\n')
+        f.write('{"reward": 0.25}\n')  # no step: its line number stands in
+    body = client.get("/api/runs/grpo-tiny/metrics?format=columns").json()
+    rows = client.get("/api/runs/grpo-tiny/metrics").json()["rows"]
+    assert body["x"] == [1, 2, 3, 5, 6, 7, 8] and body["next"] == 8 and len(body["warnings"]) == 2
+    assert body["columns"]["reward"] == [r.get("reward") for r in rows]
+    assert body["columns"]["agent/turns"] == [r.get("agent/turns") for r in rows]
+    assert body["columns"]["loss"] == [None] * 5 + [None, None]
+    assert body["columns"]["new"] == [None] * 5 + [3, None]
+    assert "kl" in body["columns"] and body["columns"]["kl"][5] is None  # the nested value is not a number here
+    assert "note" not in body["columns"] and "step" not in body["columns"]
+    tail = client.get("/api/runs/grpo-tiny/metrics?format=columns&after=6").json()
+    assert tail["x"] == [7, 8] and tail["columns"]["new"] == [3, None] and set(tail["columns"]) >= {"reward", "loss"}
+    bad = client.get("/api/runs/grpo-tiny/metrics?format=csv")
+    assert bad.status_code == 400 and "format" in bad.json()["error"]
+
+
 def test_a_rewritten_metrics_file_resets_the_reader(client, root):
     assert client.get("/api/runs/live/metrics").json()["next"] == 2
+    assert client.get("/api/runs/live/metrics?format=columns").json()["x"] == [1, 2]
     MetricsLog(root / "live", resume_step=1)  # a resume drops the steps it will redo
     got = client.get("/api/runs/live/metrics?after=2").json()
     assert got["reset"] and [r["step"] for r in got["rows"]] == [1]
+    # the rows reader saw the reset first; the columns kept in memory start over all the same
+    cols = client.get("/api/runs/live/metrics?format=columns&after=2").json()
+    assert cols["reset"] and cols["x"] == [1] and cols["columns"]["reward"] == [pytest.approx(0.1)]
+    write_metrics(root / "live", range(2, 4))
+    grown = client.get("/api/runs/live/metrics?format=columns&after=1").json()
+    assert not grown["reset"] and grown["x"] == [2, 3] and grown["next"] == 3
 
 
 def test_config_and_evaluation_tables(client):

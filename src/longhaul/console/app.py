@@ -4,7 +4,8 @@ check, and `run_console` under uvicorn.
 API (every route under /api; with a token set, each needs `Authorization: Bearer TOKEN`):
 - `GET /api/runs`: every run's summary;
 - `GET /api/runs/{run}/summary`, `/config`, `/eval`;
-- `GET /api/runs/{run}/metrics?after=N`: only the metrics lines after line N;
+- `GET /api/runs/{run}/metrics?after=N[&format=columns]`: only the metrics lines after line N, as
+  rows or as one column per metric (what the run page's charts take);
 - `GET /api/runs/{run}/episodes?source=FILE&result=pass|fail&task=ID&step=S&offset=&limit=&turns=`;
 - `GET /api/runs/{run}/episode?source=FILE&id=LINE.MEMBER`: one episode, every turn whole;
 - `GET /api/environments`: the envcheck manifest's families, each marked current or stale;
@@ -106,10 +107,12 @@ def create_app(runs_dir: Path, token: str | None = None, manifest: Path | None =
         return runs.config(run)
 
     @app.get("/api/runs/{run:path}/metrics", dependencies=api)
-    def metrics(run: str, after: int = Query(0, ge=0), limit: int = Query(5000, ge=1, le=50000)):
+    def metrics(run: str, after: int = Query(0, ge=0), limit: int = Query(5000, ge=1, le=50000),
+                format: str = Query("rows", pattern="^(rows|columns)$")):
         # plain JSON values already: serialised as they are, without FastAPI's walk over every
         # value (most of the time of a page of thousands of rows)
-        return JSONResponse(runs.metrics(run, after, limit))
+        read = runs.metric_columns if format == "columns" else runs.metrics
+        return JSONResponse(read(run, after, limit))
 
     @app.get("/api/runs/{run:path}/eval", dependencies=api)
     def evaluation(run: str):

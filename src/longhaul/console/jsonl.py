@@ -26,6 +26,7 @@ class JsonlFile:
         self._starts: list[int] = []  # byte offset of each complete line
         self._end = 0  # offset just past the last complete line
         self._inode: int | None = None
+        self.generation = 0  # counts the times indexing started over, for caches built on the lines
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -37,6 +38,7 @@ class JsonlFile:
         reset = self._inode is not None and (st.st_ino != self._inode or st.st_size < self._end)
         if reset or self._inode is None:
             self._starts, self._end, self._inode = [], 0, st.st_ino
+            self.generation += 1
         if st.st_size > self._end:
             with open(self.path, "rb") as f:
                 f.seek(self._end)
@@ -59,9 +61,9 @@ class JsonlFile:
             return f.read(stop - self._starts[first]).split(b"\n")[: last - first]
 
 
-def parse_lines(lines: list[bytes], first: int, name: str) -> tuple[list[tuple[int, dict]], list[str]]:
+def parse_lines(lines: list[bytes], first: int, name: str, numbered: bool = False) -> tuple[list[tuple[int, dict]], list]:
     """(1-based line number, object) of each line that is a JSON object, and one warning per line
-    that is not (blank lines are skipped silently)."""
+    that is not (blank lines are skipped silently); `numbered`: each warning as (line, warning)."""
     rows, warnings = [], []
     for n, raw in enumerate(lines, start=first + 1):
         if not raw.strip():
@@ -69,18 +71,18 @@ def parse_lines(lines: list[bytes], first: int, name: str) -> tuple[list[tuple[i
         try:
             obj = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            warnings.append(f"{name} line {n} is not valid JSON ({getattr(e, 'msg', e)}); skipped it")
+            warnings.append((n, f"{name} line {n} is not valid JSON ({getattr(e, 'msg', e)}); skipped it"))
             continue
         if not isinstance(obj, dict):
-            warnings.append(f"{name} line {n} is not a JSON object; skipped it")
+            warnings.append((n, f"{name} line {n} is not a JSON object; skipped it"))
             continue
         if b"NaN" in raw or b"Infinity" in raw:  # Python's json writes them; JSON itself has no such values
             bad: list[str] = []
             obj = _finite(obj, "", bad)
             if bad:
-                warnings.append(f"{name} line {n}: not a finite number: {', '.join(bad)}; shown as missing")
+                warnings.append((n, f"{name} line {n}: not a finite number: {', '.join(bad)}; shown as missing"))
         rows.append((n, obj))
-    return rows, warnings
+    return rows, warnings if numbered else [w for _, w in warnings]
 
 
 def _finite(v, key: str, bad: list[str]):

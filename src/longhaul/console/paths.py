@@ -18,6 +18,7 @@ import yaml
 from longhaul.errors import LonghaulError
 
 # files whose presence makes a directory a run: a trainer's config and metrics, a pipeline's config and summary
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "pipeline_config.json", "pipeline.json")
 
 
@@ -87,8 +88,8 @@ def read_config(d: Path) -> tuple[str | None, dict]:
 def _parsed(path: str, mtime_ns: int, size: int) -> dict:
     """A config file parsed once per version (the runs list asks for every run's, every few seconds)."""
     try:
-        with open(path) as f:
-            cfg = yaml.safe_load(f) if path.endswith(".yaml") else json.load(f)
+        with open(path) as f:  # libyaml's loader where PyYAML has it: ~10x the pure-Python one
+            cfg = yaml.load(f, Loader=SAFE_LOADER) if path.endswith(".yaml") else json.load(f)
     except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError):
         return {}
     return cfg if isinstance(cfg, dict) else {}

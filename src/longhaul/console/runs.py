@@ -10,8 +10,10 @@ with). Reads what `runtime` and `eval` write; writes nothing.
 
 from __future__ import annotations
 
+import bisect
 import json
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 from longhaul.console.episodes import episode_sources
@@ -21,6 +23,7 @@ from longhaul.console.paths import ConsoleError, RunsRoot, is_run, read_config
 LIVE_S = 120.0  # a trainer writes a metrics line every step; steps of small runs take seconds to a minute
 TAIL_LINES = 64  # how far back from the last metrics line to look for the latest reward and pass rate
 METRICS_PAGE = 5000  # rows one metrics response carries at most (the page asks again while `more`)
+COLUMN_FILES = 8  # metrics files whose columns stay parsed in memory (the runs opened last)
 DATA_FILES = ("metrics.jsonl", "buffer.jsonl", "demos.jsonl", "config.yaml", "pipeline_config.json")
 AGENT_KEYS = ("submit_rate", "turns_to_submit", "invalid_calls", "loop_rate", "repair_rate")
 
@@ -45,6 +48,7 @@ class Runs:
     def __init__(self, root: RunsRoot):
         self.root = root
         self.cache = JsonlCache()
+        self._columns: OrderedDict[Path, _Columns] = OrderedDict()
 
     # ---- metrics ----------------------------------------------------------------------
     def metrics(self, name: str, after: int = 0, limit: int = METRICS_PAGE) -> dict:
@@ -58,13 +62,42 @@ class Runs:
         f = self.cache.get(path)
         with f.lock:
             reset = f.refresh()
-            if after > len(f):
+            if reset or after > len(f):  # rewritten: these rows start again from line 1
                 reset, after = True, 0
             stop = min(len(f), after + max(1, limit))
             rows, warnings = parse_lines(f.lines(after, stop), after, "metrics.jsonl")
             total = len(f)
         return {"rows": [dict(r, _line=n) for n, r in rows], "next": stop, "more": stop < total, "reset": reset,
                 "warnings": warnings}
+
+    def metric_columns(self, name: str, after: int = 0, limit: int = METRICS_PAGE) -> dict:
+        """What `metrics` returns, as columns: `x` (each line's step, else its line number) and
+        `columns`, each top-level number (or missing value) of those lines under its key, None
+        where a line lacks it. Each line is parsed once: the columns of the last `COLUMN_FILES`
+        files read stay in memory and grow with the file, so a reload of a 10,000-step run only
+        slices and serialises them."""
+        d = self.root.run_dir(name)
+        path = self.root.file(d, "metrics.jsonl")
+        if path is None:
+            return {"x": [], "columns": {}, "next": 0, "more": False, "reset": after > 0, "warnings": []}
+        f = self.cache.get(path)
+        with f.lock:
+            reset = f.refresh()
+            cols = self._columns.pop(path, None)
+            if cols is None or cols.generation != f.generation:
+                reset = reset or (cols is not None and after > 0)  # rewritten since: whoever reads on starts over
+                cols = _Columns(f.generation)
+            self._columns[path] = cols  # the most recently read last
+            while len(self._columns) > COLUMN_FILES:
+                self._columns.popitem(last=False)
+            if reset or after > len(f):
+                reset, after = True, 0
+            if cols.lines_read < len(f):
+                rows, warnings = parse_lines(f.lines(cols.lines_read, len(f)), cols.lines_read, "metrics.jsonl", numbered=True)
+                cols.extend(rows, warnings, len(f))
+            stop = min(len(f), after + max(1, limit))
+            total = len(f)
+            return {**cols.between(after, stop), "next": stop, "more": stop < total, "reset": reset}
 
     def _latest(self, d: Path) -> dict:
         """The last step, and the latest reward and pass rate, from the tail of metrics.jsonl."""
@@ -175,3 +208,44 @@ def _eval_file_rows(stage: str, data: dict) -> list[dict]:
             rows.append(_row(stage, set_name, {"passed": passed, "n": n, "pass_rate": passed / n if n else None,
                                                "agent": r.get("agent")}))
     return rows
+
+
+class _Columns:
+    """A metrics file's lines as columns, appended as the file grows: `line[i]` is row i's line
+    number, `x[i]` its step, `columns[key][i]` its value of `key` (None where it has none)."""
+
+    def __init__(self, generation: int):
+        self.generation = generation  # of the JsonlFile the lines came from
+        self.lines_read = 0
+        self.line: list[int] = []
+        self.x: list = []
+        self.columns: dict[str, list] = {}
+        self.first: dict[str, int] = {}  # the row where each key first appears
+        self.warnings: list[tuple[int, str]] = []  # (line, warning)
+
+    def extend(self, rows: list[tuple[int, dict]], warnings: list[tuple[int, str]], lines_read: int) -> None:
+        for n, row in rows:
+            i = len(self.x)
+            step = row.get("step")
+            self.line.append(n)
+            self.x.append(step if isinstance(step, (int, float)) and not isinstance(step, bool) else n)
+            for key, v in row.items():
+                if key == "step" or isinstance(v, bool) or not (v is None or isinstance(v, (int, float))):
+                    continue
+                col = self.columns.get(key)
+                if col is None:
+                    col, self.first[key] = [None] * i, i
+                    self.columns[key] = col
+                col.append(v)
+            for col in self.columns.values():
+                if len(col) <= i:
+                    col.append(None)
+        self.warnings += warnings
+        self.lines_read = lines_read
+
+    def between(self, after: int, stop: int) -> dict:
+        """The rows of lines after+1..stop and those lines' warnings; the columns of every key seen
+        by then (a chart the page already has gets its gaps, a new one starts where its key does)."""
+        i, j = bisect.bisect_right(self.line, after), bisect.bisect_right(self.line, stop)
+        return {"x": self.x[i:j], "columns": {k: col[i:j] for k, col in self.columns.items() if self.first[k] < j},
+                "warnings": [w for n, w in self.warnings if after < n <= stop]}

@@ -52,19 +52,15 @@ function draw(key, entry) {
   }, [entry.xs, entry.ys], entry.box);
 }
 
-function addRows(rows) {
-  const touched = new Set();
-  for (const row of rows) {
-    const x = typeof row.step === "number" ? row.step : row._line;
-    for (const [key, v] of Object.entries(row)) {
-      if (key === "step" || key === "_line" || !(typeof v === "number" || v === null)) continue;
-      const entry = metrics.series.get(key) || chartFor(key);
-      entry.xs.push(x);
-      entry.ys.push(v);
-      touched.add(key);
-    }
+// one page of the metrics API in columns: x (steps) and one array per metric, null where a line
+// lacks the metric (uPlot leaves a gap there); a metric first seen on a later page starts there
+function addColumns(r) {
+  for (const [key, col] of Object.entries(r.columns)) {
+    const entry = metrics.series.get(key) || chartFor(key);
+    entry.xs = entry.xs.concat(r.x);
+    entry.ys = entry.ys.concat(col);
+    draw(key, entry);
   }
-  for (const key of touched) draw(key, metrics.series.get(key));
   document.getElementById("metric-count").textContent =
     `${metrics.series.size} metrics, ${metrics.after} lines` + (typeof uPlot === "undefined" ? " (charts need uPlot: run `make console`)" : "");
 }
@@ -80,13 +76,13 @@ async function pollMetrics() {
     await loadSummary();  // the status and the latest figures move too
     let more = true;
     while (more) {
-      const r = await api(runApi(RUN, "metrics") + "?after=" + metrics.after);
+      const r = await api(runApi(RUN, "metrics") + "?format=columns&limit=50000&after=" + metrics.after);
       if (r.reset) {  // the file was rewritten (a resumed run): start the curves over
         for (const entry of metrics.series.values()) entry.box.remove();
         metrics.series.clear();
       }
       metrics.after = r.next;
-      addRows(r.rows);
+      addColumns(r);
       showWarnings(document.getElementById("metric-warnings"), r.warnings);
       more = r.more;
     }
