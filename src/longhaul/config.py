@@ -291,6 +291,9 @@ class LogConfig(Section):
     project: str = "longhaul"  # the project (MLflow: experiment) each tracker files the run under; the run is `name`
     tables_every: int = Field(10, ge=0)  # a table of the step's episodes to the trackers every N steps (online runs); 0: none
     progress: bool = True
+    # every command the run's sandboxes run, one JSON line each, in <run>/audit.jsonl (the console
+    # shows an episode's); false: none
+    audit: bool = True
 
     @model_validator(mode="before")
     @classmethod

@@ -168,3 +168,33 @@ def test_an_error_of_ours_ends_the_episode_as_infra_error(env, monkeypatch):
     monkeypatch.setattr(env, "_tool_list_dir", lambda path=".": 1 / 0)
     r, _ = obs(env, format_call("list_dir"))
     assert r.truncated and "ZeroDivisionError" in r.info["infra_error"]
+
+
+def test_an_episode_audits_its_commands_and_its_check_under_its_sandbox(tmp_path):
+    """Where a run names an audit log (`audit_to`, what `log.audit` does), every command of the
+    episode's set-up, of its shell session and of its check is one line there, keyed by the id
+    `reset` returns; another episode's lines carry its own."""
+    from longhaul.sandbox.audit import AUDIT_ENV, audit_to
+
+    path = tmp_path / "audit.jsonl"
+    with audit_to(path):
+        e = WorkspaceEnv(WorkspaceLimits(max_timeout_s=60.0))
+        try:
+            _, info = e.reset(task())
+            obs(e, format_call("run", command="echo audited && exit 3"))
+            obs(e, format_call("apply_patch", patch=FIX))
+            obs(e, format_call("submit"))
+            assert e.verify().passed
+            _, other = e.reset(task())
+        finally:
+            e.close()
+    assert AUDIT_ENV not in __import__("os").environ  # restored after the block
+    rows = [__import__("json").loads(line) for line in path.read_text().splitlines()]
+    mine = [r for r in rows if r["sandbox"] == info["sandbox"]]
+    assert ["bash", "-c", "git init -q && git add -A && git commit -qm init"] in [r["argv"] for r in mine]
+    session = [r for r in mine if r["argv"][0] == "session"]
+    assert session and session[0]["argv"][1].endswith("echo audited && exit 3") and session[0]["exit_code"] == 3
+    checks = [r for r in rows if r.get("episode") == info["sandbox"]]
+    assert checks and all(r["sandbox"] != info["sandbox"] for r in checks)
+    assert any("pytest" in " ".join(r["argv"]) for r in checks)
+    assert other["sandbox"] != info["sandbox"] and any(r["sandbox"] == other["sandbox"] for r in rows)

@@ -42,6 +42,20 @@ def test_session_reports_a_broken_command_at_once_and_keeps_its_state():
         s.close()
 
 
+def test_session_exit_after_output_reports_the_status_and_audits_it(tmp_path):
+    """`exit N` ends the shell before its end marker: the status is the shell's, the output is
+    kept, and the command is one audit line marked as a session command."""
+    with Sandbox(SandboxSpec(), audit=tmp_path / "audit.jsonl") as sb:
+        s = sb.open_session()
+        r = s.run("echo bye && exit 4")
+        assert r.exit_code == 4 and r.stdout.strip() == "bye", r
+        s.close()
+    import json
+
+    rows = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(r["argv"], r["exit_code"], r["sandbox"]) for r in rows] == [(["session", "echo bye && exit 4"], 4, sb.id)]
+
+
 def test_pool_bounds_resets_and_reports():
     async def main():
         pool = SandboxPool(2, SandboxSpec(wall_s=5))

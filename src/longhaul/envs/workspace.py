@@ -26,6 +26,7 @@ from longhaul.envs.tools import ToolCall, check_arguments, describe, format_call
 from longhaul.sandbox import Sandbox, SandboxSpec
 from longhaul.sandbox.bwrap import expose
 from longhaul.sandbox.sandbox import SandboxError
+from longhaul.sandbox.audit import AuditLog
 from longhaul.types import Score
 
 HIDDEN_DIR = ".longhaul_hidden"  # where verify() puts hidden files, in the verify copy only
@@ -118,7 +119,7 @@ class WorkspaceEnv:
     def __init__(self, limits: WorkspaceLimits | None = None, backend: str | None = None, audit=None):
         self.limits = limits or WorkspaceLimits()
         self.backend = backend
-        self.audit = audit
+        self.audit = audit if audit is not None else AuditLog.from_env()  # a run's audit.jsonl (`log.audit`)
         self._spec = None
         self.sb: Sandbox | None = None
         self.session = None
@@ -142,7 +143,8 @@ class WorkspaceEnv:
             if not r.ok:
                 raise SandboxError(f"setup of task {task.task_id} failed ({cmd!r}): {r.stderr.strip()[-300:]}")
         self.session = self.sb.open_session()
-        return self.initial_messages(task), {"task_id": task.task_id, "family": task.family, "version": task.version}
+        return self.initial_messages(task), {"task_id": task.task_id, "family": task.family, "version": task.version,
+                                             "sandbox": self.sb.id}  # the audit log's key for this episode
 
     @staticmethod
     def initial_messages(task: WorkspaceTask) -> list[dict]:
@@ -190,7 +192,7 @@ class WorkspaceEnv:
             self.session.close()
             self.session = None
         task = self.task
-        with Sandbox(self._spec, backend=self.backend, audit=self.audit) as fresh:
+        with Sandbox(self._spec, backend=self.backend, audit=self.audit, episode=self.sb.id) as fresh:
             fresh.import_tree(self.sb.workdir)
             planted = fresh.workdir / HIDDEN_DIR  # whatever the agent put there is not ours
             if planted.exists() or planted.is_symlink():

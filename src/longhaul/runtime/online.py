@@ -43,6 +43,7 @@ from longhaul.runtime.rollout import make_sampler
 from longhaul.runtime.setup import evaluate_heldout, open_run_dir, prepare
 from longhaul.runtime.tasks import ScheduledTasks, TaskStream
 from longhaul.runtime.trainers import ShardedTrainer
+from longhaul.sandbox.audit import audit_to
 
 
 def grpo_trainer(cfg: RunConfig, policy, tok):
@@ -97,6 +98,11 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     torch.manual_seed(cfg.seed)
     prep = prepare(cfg)
     run_dir, ckpt = open_run_dir(cfg, resume)
+    with audit_to(run_dir / "audit.jsonl" if cfg.log.audit else None):  # every sandbox of the run, its workers' too
+        return _run_training(cfg, resume, prep, run_dir, ckpt)
+
+
+def _run_training(cfg: RunConfig, resume: bool, prep, run_dir: Path, ckpt) -> dict:
     console.rule(f"longhaul train: {cfg.name}")
     console.print(dump_config(cfg), end="")
     policy, tok, family = prep.policy, prep.tok, prep.family
@@ -124,8 +130,9 @@ def run_training(cfg: RunConfig, resume: bool = False) -> dict:
     log = MetricsLog(run_dir, cfg, resume_step=start if resume else None)
     if start < cfg.train.steps:  # results of an earlier, shorter run describe other weights
         (run_dir / "eval_trained.json").unlink(missing_ok=True)
-    if state is None:  # no checkpoint to continue from: the run starts over, and so does its replay log
+    if state is None:  # no checkpoint to continue from: the run starts over, and so do its replay and audit logs
         (run_dir / "buffer.jsonl").unlink(missing_ok=True)
+        (run_dir / "audit.jsonl").unlink(missing_ok=True)
     buffer = ReplayBuffer.open(run_dir / "buffer.jsonl", buffer_capacity(cfg), cfg.runtime.buffer_order,
                                resume_step=start if state is not None else None)
     rollouts = make_rollouts(cfg, family, tok, policy, run_dir)

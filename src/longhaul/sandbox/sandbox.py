@@ -63,7 +63,8 @@ def default_backend() -> str:
 
 
 class Sandbox:
-    def __init__(self, spec: SandboxSpec | None = None, backend: str | None = None, audit: AuditLog | str | None = None):
+    def __init__(self, spec: SandboxSpec | None = None, backend: str | None = None, audit: AuditLog | str | None = None,
+                 episode: str | None = None):
         self.spec = spec or SandboxSpec()
         self.backend = backend or default_backend()
         if self.backend not in ("bwrap", "process"):
@@ -72,6 +73,7 @@ class Sandbox:
             bw.bwrap_path()
         self.id = uuid.uuid4().hex[:12]
         self.audit = audit if isinstance(audit, AuditLog) else AuditLog(audit)
+        self.episode = episode  # the sandbox whose episode this one serves (its audit rows say so)
         self._closed = True  # until the root exists, close() has nothing to undo
         self._claim, self.uid, self.cgroup, self._mounted = None, None, None, False
         self._snapshots: dict[str, Path] = {}
@@ -197,12 +199,13 @@ class Sandbox:
         refusal = self._refuse(argv)
         if refusal:
             res = ExecResult(126, None, "", refusal, False, None, 0.0, 0.0, 0)
-            self.audit.record(self.id, argv, self.spec.limits(), data, res, started, refused="command not allowed")
+            self.audit.record(self.id, argv, self.spec.limits(), data, res, started, refused="command not allowed",
+                              episode=self.episode)
             return res
         if self.cgroup:
             self.cgroup.reset_peak()
         res = run(self._launch(list(argv), cwd), self.spec, data, timeout or self.spec.wall_s)
-        self.audit.record(self.id, list(argv), self.spec.limits(), data, res, started)
+        self.audit.record(self.id, list(argv), self.spec.limits(), data, res, started, episode=self.episode)
         return res
 
     # ---- files ----------------------------------------------------------------------

@@ -82,6 +82,7 @@ class Session:
         # at once) instead of swallowing the marker and leaving the shell waiting for more input.
         quoted = "'" + command.replace("'", "'\\''") + "'"
         script = f"eval {quoted} < /dev/null\n__lh_rc=$?; printf '\\n{m}:%d\\n' $__lh_rc; printf '\\n{m}\\n' >&2\n"
+        started = time.time()
         start = time.monotonic()
         with self._cond:
             self._bufs["out"].clear()
@@ -113,7 +114,7 @@ class Session:
         with self._cond:
             out, err = bytes(self._bufs["out"]), bytes(self._bufs["err"])
         head, sep, tail = out.rpartition(b"\n" + end + b":")
-        code = int(tail.split(b"\n")[0] or -1) if tail else None
+        code = int(tail.split(b"\n")[0] or -1) if sep else None  # no marker: rpartition puts all of out in tail
         if not sep and self._eof == 2:  # the shell exited (`exit`, or killed) before the marker: its status is the command's
             head, code = out, self._proc.wait(timeout=5)
         err_head, err_sep, _ = err.rpartition(b"\n" + end + b"\n")
@@ -121,8 +122,11 @@ class Session:
         cap = self.sandbox.spec.output_bytes
         truncated = len(head) > cap or len(err) > cap
         sig = code - 128 if code and code > 128 else None
-        return ExecResult(None if sig else code, sig, head[:cap].decode("utf-8", "replace"), err[:cap].decode("utf-8", "replace"),
-                          truncated, hit, time.monotonic() - start, 0.0, 0)  # output over the cap is cut, not stopped
+        res = ExecResult(None if sig else code, sig, head[:cap].decode("utf-8", "replace"), err[:cap].decode("utf-8", "replace"),
+                         truncated, hit, time.monotonic() - start, 0.0, 0)  # output over the cap is cut, not stopped
+        sb = self.sandbox
+        sb.audit.record(sb.id, ["session", command], sb.spec.limits(), None, res, started, episode=sb.episode)
+        return res
 
     def close(self) -> None:
         if self._closed:
