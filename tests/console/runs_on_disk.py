@@ -15,6 +15,7 @@ from longhaul.eval.passrate import EvalResult
 from longhaul.models.byte_tokenizer import byte_tokenizer
 from longhaul.runtime.buffer import Entry
 from longhaul.runtime.metrics import MetricsLog
+from longhaul.sandbox import Sandbox, SandboxSpec
 from longhaul.types import Trajectory, Turn
 
 # a tool output far longer than any preview: 120 numbered lines and a marker at its very end
@@ -30,15 +31,33 @@ def write_metrics(d: Path, steps: range) -> None:
     log.close()
 
 
-def _trajectory(tok, passed: bool) -> Trajectory:
+def audited_episode(path: Path) -> str:
+    """An episode's commands in a real sandbox audited to `path` (set-up, its shell session, a
+    check in a fresh sandbox that names it), plus another sandbox's; the episode's sandbox id."""
+    with Sandbox(SandboxSpec(), audit=path) as sb:
+        sb.exec(["bash", "-c", "mkdir -p src && echo '# TODO' > src/a.py"])
+        s = sb.open_session()
+        s.run("grep -rn TODO src")
+        s.run("exit 3")
+        s.close()
+        with Sandbox(SandboxSpec(), audit=path, episode=sb.id) as check:
+            check.exec(["bash", "-c", "test -d /work"])
+    with Sandbox(SandboxSpec(), audit=path) as other:
+        other.exec(["true"])
+    return sb.id
+
+
+def _trajectory(tok, passed: bool, sandbox: str | None = None) -> Trajectory:
     """Two turns of one segment: the call, the tool's long output, then the submit."""
     enc = lambda text: tok.encode(text, add_special_tokens=False)
     prompt = enc("<|im_start|>user\nFind the TODOs.<|im_end|>\n<|im_start|>assistant\n")
     first, glue, second = enc(CALL), enc("<|im_end|>\n<|im_start|>tool\n" + LONG_OUTPUT + "<|im_end|>\n<|im_start|>assistant\n"), enc(SUBMIT)
     turns = [Turn(prompt, first, [-0.5] * len(first), [1] * len(first), [1] * len(first), reward=0.0),
              Turn(prompt + first + glue, second, [-0.5] * len(second), [1] * len(second), [1] * len(second), reward=0.25)]
-    return Trajectory(turns, 1.0 if passed else 0.0, 0, {"task_id": "terminal/grep_files/7", "passed": passed,
-                                                           "status": "pass" if passed else "fail", "ended": "done"})
+    info = {"task_id": "terminal/grep_files/7", "passed": passed, "status": "pass" if passed else "fail", "ended": "done"}
+    if sandbox:
+        info["sandbox"] = sandbox
+    return Trajectory(turns, 1.0 if passed else 0.0, 0, info)
 
 
 def _episode(task_id: str, passed: bool) -> dict:
@@ -63,9 +82,11 @@ def make_runs(root: Path) -> Path:
     with (grpo / "metrics.jsonl").open("a") as f:
         f.write('{"step": 4, "reward": 0.4, "kl": \n')  # a line cut short by a crash of an earlier attempt
     write_metrics(grpo, range(5, 7))
+    sandbox = audited_episode(grpo / "audit.jsonl")
     with (grpo / "buffer.jsonl").open("w") as f:
         for step in (1, 2):
-            e = Entry(f"{step}.0/0", step, 0, 0, "terminal/grep_files/7", [_trajectory(tok, True), _trajectory(tok, False)])
+            e = Entry(f"{step}.0/0", step, 0, 0, "terminal/grep_files/7",
+                      [_trajectory(tok, True, sandbox if step == 1 else None), _trajectory(tok, False)])
             f.write(json.dumps(e.to_json()) + "\n")
             f.write(json.dumps({"op": "take", "step": step, "uids": [e.uid]}) + "\n")
     for label, passed in (("base", [False, True, False, False]), ("trained", [True, True, False, True])):

@@ -96,6 +96,32 @@ def test_metrics_as_columns_align_every_metric_with_the_steps(client, root):
     assert bad.status_code == 400 and "format" in bad.json()["error"]
 
 
+def test_an_episodes_audit_rows_come_from_the_runs_audit_log(client, root):
+    e = client.get("/api/runs/grpo-tiny/episode", params={"source": "buffer.jsonl", "id": "1.0"}).json()
+    sandbox = e["info"]["sandbox"]
+    got = client.get("/api/runs/grpo-tiny/audit", params={"sandbox": sandbox}).json()
+    argv = [r["argv"] for r in got["rows"]]
+    assert argv[0] == ["bash", "-c", "mkdir -p src && echo '# TODO' > src/a.py"]
+    assert ["session", "grep -rn TODO src"] in argv and ["bash", "-c", "test -d /work"] in argv
+    assert all(r["sandbox"] == sandbox for r in got["rows"] if "episode" not in r)
+    check = [r for r in got["rows"] if r.get("episode") == sandbox]
+    assert len(check) == 1 and check[0]["sandbox"] != sandbox and check[0]["exit_code"] == 0
+    assert [r["exit_code"] for r in got["rows"] if r["argv"] == ["session", "exit 3"]] == [3]
+    assert ["true"] not in argv  # another sandbox's command
+    # a line appended later (a run still writing) is picked up; a corrupt one is a warning
+    with (root / "grpo-tiny" / "audit.jsonl").open("a") as f:
+        f.write('{"sandbox": "%s", "argv": ["session", "ls"], "exit_code": 0}\n{"sandbox": \n' % sandbox)
+    again = client.get("/api/runs/grpo-tiny/audit", params={"sandbox": sandbox}).json()
+    assert again["rows"][-1]["argv"] == ["session", "ls"] and len(again["rows"]) == len(got["rows"]) + 1
+    assert len(again["warnings"]) == 1 and "audit.jsonl line" in again["warnings"][0]
+
+    bad = client.get("/api/runs/grpo-tiny/audit", params={"sandbox": "../x"})
+    assert bad.status_code == 400 and "not a sandbox id" in bad.json()["error"]
+    none = client.get("/api/runs/live/audit", params={"sandbox": sandbox})
+    assert none.status_code == 404 and "no audit log" in none.json()["error"]
+    assert client.get("/api/runs/grpo-tiny/audit", params={"sandbox": "abcdef123456"}).json()["rows"] == []
+
+
 def test_a_rewritten_metrics_file_resets_the_reader(client, root):
     assert client.get("/api/runs/live/metrics").json()["next"] == 2
     assert client.get("/api/runs/live/metrics?format=columns").json()["x"] == [1, 2]

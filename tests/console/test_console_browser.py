@@ -93,14 +93,18 @@ def test_runs_page_run_charts_live_metrics_and_a_whole_episode(tmp_path):
         page.wait_for_selector('.chart[data-metric="fresh/metric"] canvas')
         assert page.evaluate("window.__same_page") is True
 
-        page.wait_for_selector("#episodes tbody a")
-        page.click("#episodes tbody a")
+        page.wait_for_selector('#episodes tbody a[href*="id=1.0"]')
+        page.click('#episodes tbody a[href*="id=1.0"]')
         page.wait_for_url("**/episode?**")
         page.wait_for_selector(".turn.tool pre.content")
         shown = page.eval_on_selector_all(".turn.tool pre.content", "ps => ps.map(p => p.innerText)")
         assert any(LONG_OUTPUT in s for s in shown), [len(s) for s in shown]
         clipped = page.eval_on_selector_all("pre.content", "ps => ps.filter(p => p.scrollHeight > p.clientHeight + 1).length")
         assert clipped == 0
+        # the episode's sandbox audit log: its set-up, its session's commands and its check
+        page.wait_for_selector("#audit table.audit tbody tr")
+        audit = page.inner_text("#audit")
+        assert "grep -rn TODO src" in audit and "session" in audit and "check" in audit and "test -d /work" in audit
 
 
 def test_a_deleted_run_says_so_on_its_page(tmp_path):

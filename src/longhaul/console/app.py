@@ -8,6 +8,8 @@ API (every route under /api; with a token set, each needs `Authorization: Bearer
   rows or as one column per metric (what the run page's charts take);
 - `GET /api/runs/{run}/episodes?source=FILE&result=pass|fail&task=ID&step=S&offset=&limit=&turns=`;
 - `GET /api/runs/{run}/episode?source=FILE&id=LINE.MEMBER`: one episode, every turn whole;
+- `GET /api/runs/{run}/audit?sandbox=ID`: the sandbox audit log's rows of one episode (its
+  `info.sandbox`): every command it and its checks ran;
 - `GET /api/environments`: the envcheck manifest's families, each marked current or stale;
 - `GET /api/playground`: the OpenAI-compatible server given by `--serve` and its models;
 - `POST /api/playground/chat`: a chat completion streamed from that server (`playground`).
@@ -33,6 +35,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from longhaul.console.audit import Audits
 from longhaul.console.environments import Environments
 from longhaul.console.episodes import Episodes
 from longhaul.console.paths import ConsoleError, RunsRoot
@@ -64,6 +67,7 @@ def create_app(runs_dir: Path, token: str | None = None, manifest: Path | None =
     root = RunsRoot(runs_dir)
     runs = Runs(root)
     episodes = Episodes(root, runs.cache)
+    audits = Audits(root)
     environments = Environments(manifest)
     playground = Playground(serve, serve_key)
 
@@ -126,6 +130,10 @@ def create_app(runs_dir: Path, token: str | None = None, manifest: Path | None =
     @app.get("/api/runs/{run:path}/episode", dependencies=api)
     def episode(run: str, source: str, id: str):
         return episodes.one(run, source, id)
+
+    @app.get("/api/runs/{run:path}/audit", dependencies=api)
+    def audit(run: str, sandbox: str):
+        return audits.episode(run, sandbox)
 
     @app.get("/api/environments", dependencies=api)
     def environment_list():

@@ -20,6 +20,33 @@ function turnBlock(turn, k) {
     (turn.tool_calls || []).map(callBlock));
 }
 
+// the sandbox audit log's rows of this episode: each command, how it ended, what it used
+function auditTable(rows) {
+  const head = ["time", "where", "command", "exit", "limit hit", "wall s", "cpu s", "peak RSS", "stdout / stderr bytes"];
+  const body = rows.map(r => {
+    const session = r.argv && r.argv[0] === "session";
+    const command = session ? r.argv[1] : (r.argv || []).join(" ");
+    const ended = r.refused ? "refused: " + r.refused : r.signal ? "signal " + r.signal : fmt(r.exit_code);
+    return el("tr", {}, [r.time, r.episode ? "check" : session ? "session" : "exec", command, ended, r.limit_hit || "",
+      fmt(r.wall_s), fmt(r.cpu_s), fmt(r.peak_rss), `${fmt(r.stdout_bytes)} / ${fmt(r.stderr_bytes)}` +
+      (r.truncated ? " (cut)" : "")].map((v, i) => el("td", i === 2 ? { class: "command" } : {}, el(i === 2 ? "code" : "span", {}, String(v ?? "")))));
+  });
+  return el("table", { class: "audit" }, el("thead", {}, el("tr", {}, head.map(h => el("th", {}, h)))), el("tbody", {}, body));
+}
+
+async function loadAudit(sandbox) {
+  const box = document.getElementById("audit");
+  if (!sandbox) { box.textContent = "this episode names no sandbox (recorded before episodes kept one)"; return; }
+  try {
+    const a = await api(runApi(RUN, "audit") + "?" + new URLSearchParams({ sandbox }));
+    box.className = "";
+    box.replaceChildren(a.rows.length ? auditTable(a.rows) : el("p", { class: "muted" }, `no commands of sandbox ${sandbox} in the audit log`));
+    showWarnings(box, a.warnings);
+  } catch (err) {
+    box.replaceChildren(el("p", { class: "muted" }, err.message || String(err)));
+  }
+}
+
 (async function start() {
   document.getElementById("back").href = "/run?name=" + encodeURIComponent(RUN);
   try {
@@ -30,6 +57,7 @@ function turnBlock(turn, k) {
       ` \u00b7 step ${fmt(e.step)} \u00b7 reward ${fmt(e.reward)} \u00b7 ${e.turns.length} messages`;
     document.getElementById("turns").replaceChildren(...e.turns.map(turnBlock));
     document.getElementById("info").textContent = JSON.stringify(e.info, null, 1);
+    loadAudit(e.info && e.info.sandbox);
   } catch (err) {
     showError(document.getElementById("messages"), err);
   }
