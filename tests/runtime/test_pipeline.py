@@ -30,6 +30,11 @@ def test_tiny_pipeline_runs_every_stage_on_the_same_tasks_and_continues(tmp_path
     assert 0 <= summary["stages"]["rl"]["mean_reward"] <= 1  # partial credit, kept in eval_<stage>.json and the episodes
     assert all("reward" in json.loads(x) for x in (run / "episodes_base.jsonl").read_text().splitlines())
     assert (run / "sft" / "model" / "config.json").exists() and (run / "rl" / "model" / "config.json").exists()
+    # the RL stage's episodes ran audited: each one's sandbox id keys its commands in rl/audit.jsonl
+    puts = [json.loads(line) for line in (run / "rl" / "buffer.jsonl").read_text().splitlines()]
+    ids = {t["info"]["sandbox"] for p in puts if "group" in p for t in p["group"]}
+    audited = [json.loads(line) for line in (run / "rl" / "audit.jsonl").read_text().splitlines()]
+    assert ids and ids <= {r.get("episode") or r["sandbox"] for r in audited}
     page = (run / "report.html").read_text()
     assert "Held-out sub-families" in page and "<pre>" in page and "<svg" in page
     first = (run / "eval_rl.json").stat().st_mtime
