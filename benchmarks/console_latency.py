@@ -32,7 +32,8 @@ from rich.console import Console
 from rich.table import Table
 
 from longhaul.config import RunConfig, dump_config
-from longhaul.console.app import UPLOT, create_app
+from longhaul.console.app import create_app
+from longhaul.console.vendor import UPLOT
 from longhaul.envinfo import collect
 
 HERE = Path(__file__).resolve().parent

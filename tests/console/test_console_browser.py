@@ -12,7 +12,8 @@ import threading
 
 import pytest
 
-from longhaul.console.app import UPLOT, create_app
+from longhaul.console.app import create_app
+from longhaul.console.vendor import UPLOT
 from longhaul.envs.scene3d.browser import ARGS, chromium_path
 from longhaul.errors import LonghaulError
 from tests.console.runs_on_disk import LONG_OUTPUT, make_runs
@@ -142,3 +143,42 @@ def test_playground_streams_a_reply_from_a_served_model(tmp_path):
         assert page.inner_text('.turn.user pre') == "hello there"
         assert page.inner_text('.turn.assistant pre').strip()  # the streamed reply, shown
         assert page.inner_text("#messages") == ""
+
+
+def test_the_static_report_draws_the_consoles_charts_offline(tmp_path):
+    """report.html carries uPlot and the curves inline: opened from disk with no server, every
+    curve with data is drawn; a diverged value is a gap, and a title cannot end the script."""
+    _needs_browser()
+    from playwright.sync_api import sync_playwright
+
+    from longhaul.eval.report import write_report
+
+    metrics = [{"step": s, "reward": s / 30, "kl": float("nan") if s == 7 else 0.01 * s, "step_time": 2.0} for s in range(1, 31)]
+    out = write_report(tmp_path, metrics, None, "run </script><b>x</b>",
+                       curves=[("reward", "reward"), ("kl", "KL </script>"), ("step_time", "step time"), ("absent", "none")])
+    page_text = out.read_text()
+    assert "<svg" not in page_text and page_text.count("<div data-chart=") == 4
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path(), args=list(ARGS))
+        try:
+            page = browser.new_page()
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(out.as_uri())
+            page.wait_for_function("() => document.querySelectorAll('[data-chart] canvas').length === 4", timeout=TIMEOUT_MS)
+            inked = page.eval_on_selector_all("[data-chart] canvas", f"cs => cs.map({INKED})")
+            assert not errors, errors
+            assert all(n > 200 for n in inked[:3]), inked
+            assert "KL </script>" in page.inner_text('[data-chart="1"]')
+        finally:
+            browser.close()
+
+
+def test_without_uplot_the_report_falls_back_to_svg_and_says_so(tmp_path, monkeypatch):
+    from longhaul.eval import report
+
+    monkeypatch.setattr(report, "UPLOT", tmp_path / "missing.js")
+    out = report.write_report(tmp_path, [{"step": 1, "reward": 0.5}, {"step": 2, "reward": 0.7}], None, "t",
+                              curves=[("reward", "reward")])
+    page = out.read_text()
+    assert page.count("<svg") == 1 and "uPlot is not vendored" in page and "make console" in page

@@ -27,3 +27,11 @@ def tiny_grpo_run(tmp_path_factory) -> Path:
     finally:
         torch.set_num_threads(before)
     return out / "tiny_grpo"
+
+
+def report_charts(page: str) -> int:
+    """The training curves of a `report.html`: uPlot charts where uPlot is vendored (`make
+    console`), else the plain SVG fallback."""
+    from longhaul.console.vendor import UPLOT
+
+    return page.count("<div data-chart=") if UPLOT.is_file() else page.count("<svg")

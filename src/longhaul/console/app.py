@@ -41,10 +41,10 @@ from longhaul.console.episodes import Episodes
 from longhaul.console.paths import ConsoleError, RunsRoot
 from longhaul.console.playground import Playground
 from longhaul.console.runs import Runs
+from longhaul.console.vendor import UPLOT
 from longhaul.errors import LonghaulError
 
 STATIC = Path(__file__).parent / "static"
-UPLOT = STATIC / "vendor" / "uPlot.iife.min.js"
 TOKEN_ENV = "LONGHAUL_CONSOLE_TOKEN"
 PAGES = {"/": "index.html", "/run": "run.html", "/episode": "episode.html", "/environments": "environments.html",
          "/playground": "playground.html"}

@@ -1,12 +1,19 @@
-"""A self-contained HTML report of a run: training curves as inline SVG and the before/after table."""
+"""A self-contained HTML report of a run: training curves and the before/after table.
+
+The curves are the console's charts: uPlot (vendored by `make console`) and the series' data,
+both inlined, so the file opens anywhere without a network or the console. Where uPlot is not
+vendored the curves fall back to plain inline SVG, and the report says so.
+"""
 
 from __future__ import annotations
 
 import html
+import json
 import math
 import os
 from pathlib import Path
 
+from longhaul.console.vendor import UPLOT, UPLOT_CSS
 from longhaul.eval.domain_report import domain_report
 
 CURVES = [("reward", "reward (train)"), ("pass_rate", "pass rate (train samples)"), ("kl", "KL to reference"),
@@ -84,13 +91,37 @@ def _group_table(by_group: dict) -> str:
             "<tr><th>sub-family</th><th>tasks</th><th>base</th><th></th><th>trained</th><th></th></tr>" + body + "</table>")
 
 
+# draws each series of DATA into its box the way the console's run page does
+_DRAW = """for (const [i, s] of DATA.entries()) new uPlot({
+  title: s.title, width: 420, height: 220, scales: { x: { time: false } }, legend: { show: false },
+  series: [{ label: "step" }, { label: s.title, stroke: "#1f77b4", width: 1.5, spanGaps: true, points: { show: s.x.length <= 60 } }],
+}, [s.x, s.y], document.querySelector('[data-chart="' + i + '"]'));"""
+
+
+def _finite(y):
+    return None if y is None or (isinstance(y, float) and not math.isfinite(y)) else y
+
+
+def _charts(series: list[tuple[str, list, list]]) -> str:
+    """(title, steps, values) curves as uPlot charts with uPlot and the data inlined; plain SVG
+    where uPlot is not vendored."""
+    if not (UPLOT.is_file() and UPLOT_CSS.is_file()):
+        note = "<p><i>Plain charts: uPlot is not vendored here (run <code>make console</code>).</i></p>"
+        return note + "<div style='display:flex;flex-wrap:wrap;gap:12px'>" + "".join(
+            _svg_line(xs, ys, title) for title, xs, ys in series) + "</div>"
+    data = json.dumps([{"title": t, "x": xs, "y": [_finite(y) for y in ys]} for t, xs, ys in series]).replace("</", "<\\/")
+    boxes = "".join(f"<div data-chart='{i}'></div>" for i in range(len(series)))
+    return (f"<style>{UPLOT_CSS.read_text()}</style><div style='display:flex;flex-wrap:wrap;gap:12px'>{boxes}</div>"
+            f"<script>{UPLOT.read_text()}</script><script>const DATA = {data};\n{_DRAW}</script>")
+
+
 def write_report(run_dir: Path, metrics: list[dict], comparison: dict | None, title: str, curves=CURVES) -> Path:
     curves = list(curves) + [c for c in AGENT_CURVES if any(c[0] in m for m in metrics)]
-    charts = "".join(_svg_line([m["step"] for m in metrics if k in m], [m[k] for m in metrics if k in m], label) for k, label in curves)
+    charts = _charts([(label, [m["step"] for m in metrics if k in m], [m[k] for m in metrics if k in m]) for k, label in curves])
     body = f"<h1>{html.escape(title)}</h1>"
     if comparison:
         body += "<h2>Held-out evaluation (greedy, same tasks)</h2>" + _comparison_table(comparison)
-    body += f"<h2>Training curves</h2><div style='display:flex;flex-wrap:wrap;gap:12px'>{charts}</div>"
+    body += f"<h2>Training curves</h2>{charts}"
     if any(k.startswith("domain/") for m in metrics[:1] for k in m):  # a joint multi-domain run
         body += domain_report(metrics)
     page = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body style='font-family:sans-serif'>{body}</body></html>"
