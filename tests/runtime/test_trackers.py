@@ -215,3 +215,48 @@ def test_runs_one_after_another_in_one_process_each_log_to_their_own_trackio_sto
         t.close()
         assert (tmp_path / name / "trackio" / "longhaul.db").is_file()
         assert SQLiteStorage.get_runs("longhaul") == [name]  # read from this run's store only
+
+
+def test_a_resumed_run_continues_each_trackers_run(tmp_path):
+    """`--resume` from step 2 after step 3 was logged: every tracker goes on with the run it began
+    (one MLflow run, one W&B id, one Trackio run, one TensorBoard log whose step 3 is the redone
+    one), each read back from its own store."""
+    from mlflow import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from trackio.sqlite_storage import SQLiteStorage
+
+    from longhaul.runtime.trackers import open_trackers
+
+    names = ["tensorboard", "mlflow", "wandb", "trackio"]
+    for resume, steps in ((None, (1, 2, 3)), (2, (3, 4))):
+        trackers = open_trackers(names, tmp_path, "longhaul", "resumed", {"seed": 0}, resume_step=resume)
+        for s in steps:
+            for t in trackers:
+                t.log_scalars(s, {"reward": s + (0.5 if resume else 0.0)})
+        for t in trackers:
+            t.close()
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("reward")] == [(1, 1.0), (2, 2.0), (3, 3.5), (4, 4.5)]
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path.resolve() / 'mlflow' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("longhaul").experiment_id])
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward"))
+    assert history == [(1, 1.0), (2, 2.0), (3, 3.0), (3, 3.5), (4, 4.5)] and run.info.status == "FINISHED"
+
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and len({r.name.rsplit("-", 1)[1] for r in runs}) == 1  # two sessions of one run id
+    resumed = {}
+    for rec in _wandb_records(next(runs[1].glob("run-*.wandb"))):
+        if rec.WhichOneof("record_type") == "history":
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+            if "reward" in items:
+                resumed[items["_step"]] = items["reward"]
+    assert resumed == {3: 3.5, 4: 4.5}
+
+    assert SQLiteStorage.get_runs("longhaul") == ["resumed"]
+    logged = {}
+    for entry in SQLiteStorage.get_logs("longhaul", "resumed"):
+        logged.setdefault(entry["step"], []).append(entry["reward"])
+    assert logged[4] == [4.5] and logged[3][-1] == 3.5 and logged[1] == [1.0]

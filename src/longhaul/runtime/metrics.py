@@ -24,7 +24,7 @@ class MetricsLog:
             self._truncate_after(resume_step)
         self.tables_every = cfg.log.tables_every if cfg is not None else 0
         self.trackers = [] if cfg is None else open_trackers(resolve(cfg.log.report_to), run_dir, cfg.log.project, cfg.name,
-                                                              cfg.model_dump(mode="json"))
+                                                              cfg.model_dump(mode="json"), resume_step)
 
     def _truncate_after(self, step: int) -> None:
         """On resume, drop lines of steps the checkpoint does not contain (they will be redone)."""

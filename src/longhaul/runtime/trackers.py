@@ -9,8 +9,13 @@ network: MLflow's SQLite store, W&B offline, Trackio's SQLite store, all under t
 
 A tracker is a class with three methods (`log_scalars`, `log_table`, `close`); opening it logs
 the config. Not here: uploading (`wandb sync`, an MLflow server or a Trackio Space are the
-user's to point at the files), and continuing a tracker's run on `--resume` (a resumed longhaul
-run opens a new tracker run that starts at the checkpoint's step).
+user's to point at the files).
+
+On `--resume` each tracker continues the run it opened before instead of starting another: the
+TensorBoard writer purges the events past the checkpoint's step, MLflow and W&B reopen the run
+whose id they kept in their directory (`run_id`), Trackio resumes the run of the same name. The
+steps between the checkpoint and the interruption are logged again; MLflow keeps both values of
+those steps in a metric's history (its store has no way to drop them), the others show the new.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import math
 import os
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -73,14 +79,31 @@ class Tracker(Protocol):
     def close(self) -> None: ...
 
 
+def _kept_id(d: Path, resume_step: int | None) -> str | None:
+    """The id a tracker kept in `d/run_id` when the run was first opened, on a resume."""
+    path = d / "run_id"
+    if resume_step is None or not path.is_file():
+        return None
+    return path.read_text().strip() or None
+
+
+def _keep_id(d: Path, run_id: str) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / "run_id.tmp"
+    tmp.write_text(run_id + "\n")
+    os.replace(tmp, d / "run_id")
+
+
 class TensorBoard:
     """Scalars and the config as text; no tables (its text plugin keeps 10 samples: see the console)."""
 
-    def __init__(self, run_dir: Path, project: str, name: str, config: dict):
+    def __init__(self, run_dir: Path, project: str, name: str, config: dict, resume_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
-        self.writer.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```")
+        # a resume: TensorBoard drops the events of the steps after the checkpoint's when it reads the log
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=None if resume_step is None else resume_step + 1)
+        if resume_step is None:
+            self.writer.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```")
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
         for k, v in scalars.items():
@@ -98,7 +121,7 @@ class MLflow:
     """A run in the SQLite store `mlflow/mlflow.db` (artifacts beside it): the config as params,
     each table as the artifact `rollouts/step_<N>.json` (one file a step: earlier tables stay)."""
 
-    def __init__(self, run_dir: Path, project: str, name: str, config: dict):
+    def __init__(self, run_dir: Path, project: str, name: str, config: dict, resume_step: int | None = None):
         from mlflow import MlflowClient
         from mlflow.entities import Param
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
@@ -109,7 +132,13 @@ class MLflow:
         self.client = MlflowClient(tracking_uri=self.uri)
         exp = self.client.get_experiment_by_name(project)
         exp_id = exp.experiment_id if exp else self.client.create_experiment(project, artifact_location=(root / "artifacts").as_uri())
+        kept = _kept_id(root, resume_step)
+        if kept is not None:  # the run this one continues: its params were logged when it began
+            self.run_id = kept
+            self.client.update_run(kept, status="RUNNING")
+            return
         self.run_id = self.client.create_run(exp_id, run_name=name).info.run_id
+        _keep_id(root, self.run_id)
         params = [Param(k, v[:MAX_PARAM_VAL_LENGTH]) for k, v in flat_config(config).items()]
         for i in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
             self.client.log_batch(self.run_id, params=params[i:i + MAX_PARAMS_TAGS_PER_BATCH])
@@ -130,13 +159,16 @@ class MLflow:
 class WandB:
     """An offline run under `wandb/` (upload it later with `wandb sync`), tables as `wandb.Table`."""
 
-    def __init__(self, run_dir: Path, project: str, name: str, config: dict):
+    def __init__(self, run_dir: Path, project: str, name: str, config: dict, resume_step: int | None = None):
         import wandb
 
         self.wandb = wandb
         settings = wandb.Settings(console="off", silent=True, x_disable_stats=True, disable_git=True, save_code=False)
-        self.run = wandb.init(project=project, name=name, dir=str(run_dir), mode="offline", config=config,
-                              reinit="create_new", settings=settings)
+        kept = _kept_id(run_dir / "wandb", resume_step)
+        run_id = kept or uuid.uuid4().hex[:8]
+        self.run = wandb.init(project=project, name=name, dir=str(run_dir), mode="offline", config=config, id=run_id,
+                              resume="allow" if kept else None, reinit="create_new", settings=settings)
+        _keep_id(run_dir / "wandb", run_id)
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
         self.run.log(scalars, step=step)
@@ -155,7 +187,7 @@ class Trackio:
     imported (transformers' integrations may import it earlier), and its modules each keep the
     directory in a global of their own: every one of them is pointed at this run's store."""
 
-    def __init__(self, run_dir: Path, project: str, name: str, config: dict):
+    def __init__(self, run_dir: Path, project: str, name: str, config: dict, resume_step: int | None = None):
         for var in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
             if os.environ.get(var):
                 raise LonghaulError(f"{var} is set, but longhaul logs to Trackio's local store only; unset {var}")
@@ -169,8 +201,8 @@ class Trackio:
                 mod.TRACKIO_DIR = store
         self.trackio = trackio
         with contextlib.redirect_stdout(io.StringIO()):  # its dashboard hints: open() prints one line instead
-            self.run = trackio.init(project=project, name=name, config=config, embed=False,
-                                    auto_log_gpu=False, auto_log_cpu=False)
+            self.run = trackio.init(project=project, name=name, config=config, embed=False, auto_log_gpu=False,
+                                    auto_log_cpu=False, resume="never" if resume_step is None else "allow")
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
         self.run.log(scalars, step=step)
@@ -186,7 +218,7 @@ class Trackio:
 
 @dataclass(frozen=True)
 class Backend:
-    tracker: Callable[[Path, str, str, dict], Tracker]
+    tracker: Callable[[Path, str, str, dict, int | None], Tracker]
     modules: tuple[str, ...]  # what must be importable
     pip: str  # what installs them (all are in longhaul[trackers])
     where: str  # where the run's data lands, for the line printed at the start
@@ -232,13 +264,15 @@ def resolve(report_to: list[str] | None) -> list[str]:
     return []
 
 
-def open_trackers(names: list[str], run_dir: Path, project: str, name: str, config: dict) -> list[Tracker]:
-    """Each named tracker opened on the run, the config logged; one line each says where it writes."""
+def open_trackers(names: list[str], run_dir: Path, project: str, name: str, config: dict,
+                  resume_step: int | None = None) -> list[Tracker]:
+    """Each named tracker opened on the run, the config logged; one line each says where it writes.
+    `resume_step`: the run resumes from that step's checkpoint, and each tracker continues its run."""
     require(names)
     out = []
     try:
         for n in names:
-            out.append(TRACKERS[n].tracker(run_dir, project, name, config))
+            out.append(TRACKERS[n].tracker(run_dir, project, name, config, resume_step))
             print(f"{n}: {run_dir}/{TRACKERS[n].where.format(run_dir=run_dir)}")
     except BaseException:
         for t in out:
