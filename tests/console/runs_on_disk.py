@@ -5,8 +5,10 @@ its report, and one still writing."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,7 +35,22 @@ def write_metrics(d: Path, steps: range) -> None:
 
 def audited_episode(path: Path) -> str:
     """An episode's commands in a real sandbox audited to `path` (set-up, its shell session, a
-    check in a fresh sandbox that names it), plus another sandbox's; the episode's sandbox id."""
+    check in a fresh sandbox that names it), plus another sandbox's; the episode's sandbox id.
+    The sandboxes run once a session; later calls copy that log."""
+    text, sandbox = _audit_log()
+    path.write_text(text)
+    return sandbox
+
+
+@functools.lru_cache(maxsize=1)
+def _audit_log() -> tuple[str, str]:
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "audit.jsonl"
+        sandbox = _run_audited(path)
+        return path.read_text(), sandbox
+
+
+def _run_audited(path: Path) -> str:
     with Sandbox(SandboxSpec(), audit=path) as sb:
         sb.exec(["bash", "-c", "mkdir -p src && echo '# TODO' > src/a.py"])
         s = sb.open_session()

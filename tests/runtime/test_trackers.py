@@ -217,6 +217,7 @@ def test_runs_one_after_another_in_one_process_each_log_to_their_own_trackio_sto
         assert SQLiteStorage.get_runs("longhaul") == [name]  # read from this run's store only
 
 
+@pytest.mark.slow  # ~13 s: four trackers opened twice; the plain run's tests above stay fast
 def test_a_resumed_run_continues_each_trackers_run(tmp_path):
     """`--resume` from step 2 after step 3 was logged: every tracker goes on with the run it began
     (one MLflow run, one W&B id, one Trackio run, one TensorBoard log whose step 3 is the redone
