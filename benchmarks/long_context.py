@@ -1,6 +1,17 @@
-"""Long context: (b) needle accuracy by length with and without a RoPE extension, and (c) the
-time to first token of an agent's next turn with the KV offload
-tiers off, in host memory, and on disk, replaying recorded multi-turn episodes.
+"""Long context: (a) peak memory and seconds of one SFT step against sequence length, ours with
+context_parallel 1 and 2 beside a plain HF forward/backward; (b) needle accuracy by length with
+and without a RoPE extension; and (c) the time to first token of an agent's next turn with the
+KV offload tiers off, in host memory, and on disk, replaying recorded multi-turn episodes.
+
+(a) `--parts sft`: for each of `--sft-lengths` thousand tokens, one row of that many tokens (a
+long user message, a short reply) trained one step, each configuration in its own process tree
+whose resident memory (all its processes together) is sampled every 0.1 s: ours through
+`run_offline` (packed rows, `train.context_parallel` 1 and 2 over gloo, YaRN x4 past the model's
+8,192 positions) and the anchor, HF's model in the same dtype with SDPA attention, one
+forward/backward over the row and an AdamW step. A configuration that passes `--sft-cap-gb`
+is stopped and reported as over it (the machine's memory stays the tests' and the OS's); one
+that passes `--sft-timeout` minutes is reported as timed out. Lengths after a configuration's
+first failure are skipped for it.
 
 Episodes are verified demonstrations of a workspace family (`longhaul data sft`'s rows, built
 here through the real sandbox unless `--episodes FILE.jsonl` names rows with `messages`). Each
@@ -139,6 +150,131 @@ def run(a) -> dict:
             "date": time.strftime("%Y-%m-%d %H:%M"), "modes": results}
 
 
+def tree_rss(pid: int) -> int:
+    """Resident bytes of process `pid` and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+REPLY = "The stone is under the cloud."
+
+
+def sft_row(tok, length: int) -> tuple[list[dict], list[int], int]:
+    """A chat of exactly `length` tokens (a long user message, a short reply): its messages, its
+    token ids, and where the reply's tokens start."""
+    words = "the river keeps a stone under every cloud and the maple waits".split()
+    n = length
+    for _ in range(4):  # a word is about a token; settle the count in a few passes
+        messages = [{"role": "user", "content": " ".join(words[i % len(words)] for i in range(n))},
+                    {"role": "assistant", "content": REPLY}]
+        ids = _chat_ids(tok, messages)
+        if len(ids) == length:
+            break
+        n -= len(ids) - length
+    return messages, ids, len(_chat_ids(tok, messages[:1], add_generation_prompt=True))
+
+
+def _chat_ids(tok, messages: list[dict], **kw) -> list[int]:
+    got = tok.apply_chat_template(messages, tokenize=True, **kw)
+    return list(got["input_ids"] if hasattr(got, "keys") else got)
+
+
+def sft_child(a) -> None:
+    """One SFT step of one configuration at one length, in this process; prints its seconds."""
+    length, work = a.sft_length, Path(a.sft_dir)
+    model, tok = load_policy(a.model)
+    messages, ids, start = sft_row(tok, length)
+    if a.sft_child == "anchor":  # HF's model as loaded (SDPA attention), the same row, one AdamW step
+        model = model.to(DTYPES[resolve_dtype(a.dtype)]).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        x = torch.tensor([ids])
+        labels = x.clone()
+        labels[:, :start] = -100
+        t = time.perf_counter()
+        model(input_ids=x, labels=labels).loss.backward()
+        opt.step()
+        print(json.dumps({"seconds": time.perf_counter() - t, "tokens": len(ids)}), flush=True)
+        return
+    from longhaul.config import load_config
+    from longhaul.runtime.offline import run_offline
+
+    del model
+    rows = work / "rows.jsonl"
+    rows.write_text((json.dumps({"messages": messages}) + "\n") * 2)  # a dataset of one row is refused; a step takes one
+    more = ["model.rope_scaling={rope_type: yarn, factor: 4}"] if length > 8192 else []
+    cfg = load_config(None, [f"name=sft{length}", f"output_dir={work}", f"model.name={a.model}", "algo.name=sft",
+                             f"data.path={rows}", "data.packing=true", f"data.max_length={length}", "data.batch_size=1",
+                             "data.heldout_fraction=0", "train.steps=1", "train.micro_batch=1", "train.save_every=0",
+                             "log.progress=false", "log.tensorboard=false", "log.audit=false",
+                             f"train.context_parallel={a.sft_cp}", f"threads={max(1, (os.cpu_count() or 2) // a.sft_cp)}", *more])
+    t = time.perf_counter()
+    run_offline(cfg)
+    steps = [json.loads(line) for line in (work / f"sft{length}" / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in steps if "step_time" in r][-1]
+    print(json.dumps({"seconds": last["step_time"], "run_s": time.perf_counter() - t, "tokens": len(ids)}), flush=True)
+
+
+def sft_steps(a) -> dict:
+    """(a): every configuration at every length, each in a child process tree, memory sampled."""
+    configs = [("ours cp=1", ["--sft-child", "ours", "--sft-cp", "1"]), ("ours cp=2", ["--sft-child", "ours", "--sft-cp", "2"]),
+               ("HF forward/backward", ["--sft-child", "anchor"])]
+    out, failed = [], set()
+    for k in [int(x) for x in a.sft_lengths.split(",")]:
+        for name, args in configs:
+            if name in failed:
+                out.append({"config": name, "length": k * 1024, "status": "skipped (failed at a shorter length)"})
+                continue
+            with tempfile.TemporaryDirectory() as work:
+                cmd = [sys.executable, __file__, "--model", a.model, "--dtype", a.dtype, "--sft-length", str(k * 1024),
+                       "--sft-dir", work, *args]
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                peak, t0, status = 0, time.perf_counter(), "ok"
+                while proc.poll() is None:
+                    peak = max(peak, tree_rss(proc.pid))
+                    if peak > a.sft_cap_gb * 1e9 or time.perf_counter() - t0 > a.sft_timeout * 60:
+                        status = f"over {a.sft_cap_gb:g} GB" if peak > a.sft_cap_gb * 1e9 else f"over {a.sft_timeout:g} min"
+                        os.killpg(proc.pid, 9)
+                        break
+                    time.sleep(0.1)
+                stdout, stderr = proc.communicate()
+                row = {"config": name, "length": k * 1024, "peak_gb": round(peak / 1e9, 2), "wall_s": round(time.perf_counter() - t0, 1)}
+                last = [line for line in stdout.splitlines() if line.startswith("{")]
+                if status == "ok" and (proc.returncode != 0 or not last):
+                    status = f"failed (exit {proc.returncode}): {(stderr.strip().splitlines() or ['?'])[-1][:200]}"
+                if status == "ok":
+                    row.update(json.loads(last[-1]))
+                else:
+                    failed.add(name)
+                row["status"] = status
+                print(f"sft {name} {k}k: {status}, peak {row['peak_gb']} GB, "
+                      f"{row.get('seconds', float('nan')):.1f} s a step", flush=True)
+                out.append(row)
+    return {"dtype": resolve_dtype(a.dtype), "cap_gb": a.sft_cap_gb, "rows": out}
+
+
+def sft_table(r: dict) -> str:
+    lines = ["| length | configuration | peak GB (all processes) | seconds a step | status |", "|---|---|---|---|---|"]
+    for row in r["rows"]:
+        lines.append(f"| {row['length']:,} | {row['config']} | {row.get('peak_gb', '-')} | "
+                     f"{row['seconds']:.1f} | ok |" if row["status"] == "ok" else
+                     f"| {row['length']:,} | {row['config']} | {row.get('peak_gb', '-')} | - | {row['status']} |")
+    return "\n".join(lines)
+
+
 def decode_after(a) -> list[dict]:
     """Prefill of one random prompt of n tokens, then `--decode-tokens` more, for each n."""
     model, tok = load_policy(a.model)
@@ -233,7 +369,17 @@ def main() -> None:
     p.add_argument("--niah-lengths", default="1,2,4,8", help="haystack lengths in thousands of tokens (16: ~3 min a task on 2 cores)")
     p.add_argument("--niah-n", type=int, default=6, help="tasks a length")
     p.add_argument("--yarn-factor", type=float, default=4.0)
+    p.add_argument("--sft-lengths", default="4,8,16", help="(a): sequence lengths in thousands of tokens (1024 each)")
+    p.add_argument("--sft-cap-gb", type=float, default=20.0, help="(a): stop a configuration whose processes pass this")
+    p.add_argument("--sft-timeout", type=float, default=30.0, help="(a): minutes a configuration may take at one length")
+    p.add_argument("--sft-child", choices=("ours", "anchor"), help=argparse.SUPPRESS)
+    p.add_argument("--sft-length", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--sft-cp", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--sft-dir", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.sft_child:  # one configuration of (a), in its own process tree
+        sft_child(a)
+        return
     parts = a.parts.split(",")
     r = run(a) if "offload" in parts else {"model": a.model, "date": time.strftime("%Y-%m-%d %H:%M"),
                                            "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "available_cpus": available_cpus()}}
@@ -244,6 +390,9 @@ def main() -> None:
     if "niah" in parts:
         r["niah"] = niah(a)
         print(niah_table(r))
+    if "sft" in parts:
+        r["sft"] = sft_steps(a)
+        print(sft_table(r["sft"]))
     write_json(r, a.out)
 
 
