@@ -52,7 +52,7 @@ def _audit_log() -> tuple[str, str]:
 
 def _run_audited(path: Path) -> str:
     with Sandbox(SandboxSpec(), audit=path) as sb:
-        sb.exec(["bash", "-c", "mkdir -p src && echo '# TODO' > src/a.py"])
+        sb.exec(["bash", "-c", "mkdir -p src && echo 'TODO list: empty' > src/a.py"])
         s = sb.open_session()
         s.run("grep -rn TODO src")
         s.run("exit 3")

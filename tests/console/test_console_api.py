@@ -101,7 +101,7 @@ def test_an_episodes_audit_rows_come_from_the_runs_audit_log(client, root):
     sandbox = e["info"]["sandbox"]
     got = client.get("/api/runs/grpo-tiny/audit", params={"sandbox": sandbox}).json()
     argv = [r["argv"] for r in got["rows"]]
-    assert argv[0] == ["bash", "-c", "mkdir -p src && echo '# TODO' > src/a.py"]
+    assert argv[0] == ["bash", "-c", "mkdir -p src && echo 'TODO list: empty' > src/a.py"]
     assert ["session", "grep -rn TODO src"] in argv and ["bash", "-c", "test -d /work"] in argv
     assert all(r["sandbox"] == sandbox for r in got["rows"] if "episode" not in r)
     check = [r for r in got["rows"] if r.get("episode") == sandbox]

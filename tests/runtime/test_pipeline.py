@@ -15,6 +15,7 @@ def _cfg(tmp_path, *extra):
     return load_config("examples/tiny_pipeline.yaml", [f"output_dir={tmp_path}", *extra], model=PipelineConfig)
 
 
+@pytest.mark.slow  # ~45 s: demos, SFT, RL and four evaluations of a tiny model; each stage has fast tests of its own
 def test_tiny_pipeline_runs_every_stage_on_the_same_tasks_and_continues(tmp_path):
     cfg = _cfg(tmp_path)
     summary = run_pipeline(cfg)

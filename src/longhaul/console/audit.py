@@ -9,10 +9,8 @@ writing costs only the lines appended since the last read. Reads; writes nothing
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
-from pathlib import Path
 
-from longhaul.console.jsonl import JsonlCache, parse_lines
+from longhaul.console.jsonl import Derived, JsonlCache, parse_lines
 from longhaul.console.paths import ConsoleError, RunsRoot
 
 SANDBOX_ID = re.compile(r"^[0-9a-f]{6,32}$")
@@ -33,7 +31,7 @@ class Audits:
     def __init__(self, root: RunsRoot):
         self.root = root
         self.cache = JsonlCache()
-        self._indexes: OrderedDict[Path, _Index] = OrderedDict()
+        self._indexes = Derived(INDEXED)
 
     def episode(self, run: str, sandbox: str) -> dict:
         """The audit rows of episode sandbox `sandbox` of `run`, in the order they were written."""
@@ -49,12 +47,7 @@ class Audits:
                 f.refresh()
             except FileNotFoundError as e:
                 raise ConsoleError(404, f"the audit log of run {run!r} is gone (deleted while open?)") from e
-            index = self._indexes.pop(path, None)
-            if index is None or index.generation != f.generation:
-                index = _Index(f.generation)
-            self._indexes[path] = index
-            while len(self._indexes) > INDEXED:
-                self._indexes.popitem(last=False)
+            index, _ = self._indexes.get(f, _Index)
             if index.lines_read < len(f):
                 rows, warnings = parse_lines(f.lines(index.lines_read, len(f)), index.lines_read, "audit.jsonl")
                 for _, row in rows:

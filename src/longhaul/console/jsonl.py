@@ -16,6 +16,7 @@ import json
 import math
 import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 
@@ -95,6 +96,27 @@ def _finite(v, key: str, bad: list[str]):
     if isinstance(v, list):
         return [_finite(x, f"{key}[{i}]", bad) for i, x in enumerate(v)]
     return v
+
+
+class Derived:
+    """State built from a file's lines (an index, columns), kept for the `size` files read last and
+    built again when the file was rewritten: each item carries the `generation` it was built from."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._items: OrderedDict[Path, object] = OrderedDict()
+
+    def get(self, f: JsonlFile, make) -> tuple[object, bool]:
+        """(f's item, whether an older one was dropped because f was rewritten); `make(generation)`
+        builds a new item. Call it under `f.lock`, after `f.refresh()`."""
+        item = self._items.pop(f.path, None)
+        stale = item is not None and item.generation != f.generation
+        if item is None or stale:
+            item = make(f.generation)
+        self._items[f.path] = item  # the most recently read last
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return item, stale
 
 
 class JsonlCache:

@@ -13,11 +13,10 @@ from __future__ import annotations
 import bisect
 import json
 import time
-from collections import OrderedDict
 from pathlib import Path
 
 from longhaul.console.episodes import episode_sources
-from longhaul.console.jsonl import JsonlCache, parse_lines
+from longhaul.console.jsonl import Derived, JsonlCache, parse_lines
 from longhaul.console.paths import ConsoleError, RunsRoot, is_run, read_config
 
 LIVE_S = 120.0  # a trainer writes a metrics line every step; steps of small runs take seconds to a minute
@@ -48,7 +47,7 @@ class Runs:
     def __init__(self, root: RunsRoot):
         self.root = root
         self.cache = JsonlCache()
-        self._columns: OrderedDict[Path, _Columns] = OrderedDict()
+        self._columns = Derived(COLUMN_FILES)
 
     # ---- metrics ----------------------------------------------------------------------
     def metrics(self, name: str, after: int = 0, limit: int = METRICS_PAGE) -> dict:
@@ -83,13 +82,8 @@ class Runs:
         f = self.cache.get(path)
         with f.lock:
             reset = f.refresh()
-            cols = self._columns.pop(path, None)
-            if cols is None or cols.generation != f.generation:
-                reset = reset or (cols is not None and after > 0)  # rewritten since: whoever reads on starts over
-                cols = _Columns(f.generation)
-            self._columns[path] = cols  # the most recently read last
-            while len(self._columns) > COLUMN_FILES:
-                self._columns.popitem(last=False)
+            cols, stale = self._columns.get(f, _Columns)
+            reset = reset or (stale and after > 0)  # rewritten since the columns were read: whoever reads on starts over
             if reset or after > len(f):
                 reset, after = True, 0
             if cols.lines_read < len(f):
