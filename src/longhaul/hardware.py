@@ -19,6 +19,7 @@ from functools import lru_cache
 import torch
 
 from longhaul.ops import kernels
+from longhaul.ops.linear import amx
 
 
 @lru_cache(maxsize=None)
@@ -49,10 +50,7 @@ def prefer_bf16() -> bool:
         return native_bf16()
     if not native_bf16():
         return False
-    amx = getattr(getattr(torch, "cpu", None), "_is_amx_tile_supported", None)
-    if amx is not None and amx():
-        return True
-    return kernels._missing_requirement() is not None
+    return amx() or kernels._missing_requirement() is not None
 
 
 def resolve_dtype(value: str) -> str:

@@ -91,6 +91,8 @@ def _group_table(by_group: dict) -> str:
             "<tr><th>sub-family</th><th>tasks</th><th>base</th><th></th><th>trained</th><th></th></tr>" + body + "</table>")
 
 
+FLEX = "<div style='display:flex;flex-wrap:wrap;gap:12px'>"  # the charts side by side, wrapping
+
 # draws each series of DATA into its box the way the console's run page does
 _DRAW = """for (const [i, s] of DATA.entries()) new uPlot({
   title: s.title, width: 420, height: 220, scales: { x: { time: false } }, legend: { show: false },
@@ -107,11 +109,10 @@ def _charts(series: list[tuple[str, list, list]]) -> str:
     where uPlot is not vendored."""
     if not (UPLOT.is_file() and UPLOT_CSS.is_file()):
         note = "<p><i>Plain charts: uPlot is not vendored here (run <code>make console</code>).</i></p>"
-        return note + "<div style='display:flex;flex-wrap:wrap;gap:12px'>" + "".join(
-            _svg_line(xs, ys, title) for title, xs, ys in series) + "</div>"
+        return note + FLEX + "".join(_svg_line(xs, ys, title) for title, xs, ys in series) + "</div>"
     data = json.dumps([{"title": t, "x": xs, "y": [_finite(y) for y in ys]} for t, xs, ys in series]).replace("</", "<\\/")
     boxes = "".join(f"<div data-chart='{i}'></div>" for i in range(len(series)))
-    return (f"<style>{UPLOT_CSS.read_text()}</style><div style='display:flex;flex-wrap:wrap;gap:12px'>{boxes}</div>"
+    return (f"<style>{UPLOT_CSS.read_text()}</style>{FLEX}{boxes}</div>"
             f"<script>{UPLOT.read_text()}</script><script>const DATA = {data};\n{_DRAW}</script>")
 
 

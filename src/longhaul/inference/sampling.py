@@ -195,9 +195,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
                 logits[b, ids] = float("-inf")
     x = process_logits(logits, params)
     greedy_rows = [b for b, p in enumerate(params) if p.greedy]
+    random_rows = [b for b, p in enumerate(params) if not p.greedy]
     kernel = native() if x.is_cpu and x.dtype == torch.float32 else None
     if kernel is not None:  # the argmax or the draw, and the log-normaliser, in one call
-        random_rows = [b for b, p in enumerate(params) if not p.greedy]
         if len(random_rows) == len(params):
             u = uniforms(generators)
         else:
@@ -213,7 +213,6 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     else:
         m = x.amax(-1, keepdim=True)
         w = torch.sub(x, m).exp_()  # (B, V)
-        random_rows = [b for b, p in enumerate(params) if not p.greedy]
         u = torch.zeros(len(params), dtype=torch.float64)
         u[random_rows] = uniforms([generators[b] for b in random_rows])
         tokens = inverse_cdf(w, u.to(x.device))
