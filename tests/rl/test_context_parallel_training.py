@@ -1,7 +1,9 @@
 """Context-parallel SFT and DPO (`train.context_parallel`, `rl.context_parallel.packed`): two gloo
 processes, each running its zigzag shard of every packed micro-batch, give one process's loss and
-parameter gradients, by ring and by Ulysses attention, full fine-tuning and LoRA (DPO: the sigmoid
-loss on summed log-probs and IPO on per-token means, against the padded single-process path),
+parameter gradients, by ring and by Ulysses attention, full fine-tuning and LoRA, with each shard's
+layers kept or recomputed in the backward (DPO: the sigmoid
+loss on summed log-probs and IPO on per-token means, against the padded single-process path; GRPO
+over three optimizer steps, its weights and metrics),
 over packed micro-batches
 of several documents (two micro-batches accumulated, one padded to the 2N chunks) and over a row
 whose loss tokens all sit on rank 0 (rank 1 still joins the backward). An SFT run with
@@ -16,12 +18,14 @@ import torch.multiprocessing as mp
 from longhaul.config import AlgoConfig, TrainConfig, load_config
 from longhaul.errors import LonghaulError
 from longhaul.rl.context_parallel.packed import check_split, document_ids
-from longhaul.rl.packed_forward import pack_shared
+from longhaul.rl import packed_forward
+from longhaul.rl.packed_forward import CHECKPOINT_ROWS, pack_shared
 from longhaul.runtime.context_trainers import check
-from tests.rl.test_distributed import _gloo_group, _lora, _started
+from tests.rl.test_distributed import _batches, _gloo_group, _lora, _started
 
 TRAIN = TrainConfig(lr=1e-3, micro_batch=2, autocast="none")
 CASES = {"ring": ("ring", False), "ulysses": ("ulysses", False), "ring lora": ("ring", True)}  # (attention, lora)
+RECOMPUTED = {"ring recomputed": "ring", "ulysses recomputed": "ulysses"}  # each shard's layers recomputed in backward
 # fp32: the shards' ring / Ulysses blocks against SDPA over whole rows, and the gradients summed over
 # two ranks in another order (measured: loss 6e-8 relative, gradients 4e-7 of the largest entry)
 TOL_LOSS, TOL_GRAD = 1e-5, 1e-5
@@ -88,12 +92,41 @@ def _dpo_trainer(loss: str, attention: str | None):
     return trainer
 
 
+# GRPO: a KL term and clip-higher over three steps, token-mean by ring; per-sequence means (their
+# whole rows' token counts, not a rank's share) by Ulysses
+GRPO_CASES = {"grpo token-mean ring": (AlgoConfig(kl_coef=0.04, clip_low=0.2, clip_high=0.28), "ring"),
+              "grpo seq-mean ulysses": (AlgoConfig(kl_coef=0.04, aggregation="seq-mean-token-mean"), "ulysses")}
+GRPO_TRAIN = TrainConfig(lr=1e-3, micro_batch=2, autocast="none", grad_clip=1.0, share_prompt=False, context_parallel=2)
+GRPO_KEYS = ("reward", "num_trained_seqs", "num_tokens", "kl", "loss", "grad_norm", "entropy", "clip_ratio/region_mean")
+
+
+def _grpo_trainer(algo: AlgoConfig, attention: str | None):
+    from longhaul.models import load_policy
+    from longhaul.rl.context_parallel.packed import ContextGroup
+    from longhaul.rl.grpo import GRPOTrainer
+
+    torch.manual_seed(0)
+    policy, tok = load_policy("tiny-llama")
+    train = GRPO_TRAIN if attention else GRPO_TRAIN.model_copy(update={"context_parallel": 1})
+    return GRPOTrainer(policy, tok.pad_token_id, algo, train, 1.0, 8, context=ContextGroup(attention) if attention else None)
+
+
+def _grpo_steps(trainer) -> tuple[list[dict], dict]:
+    """Metrics of three steps (every rank gets all the groups) and the weights after them."""
+    metrics = [trainer.step(groups) for groups in _batches()[:3]]
+    return metrics, {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
+
+
 def _rank(rank: int, world: int, init: str, path: str, out) -> None:
     torch.set_num_threads(1)
     with _gloo_group(rank, world, init):
         got = {(case, name): _gradients(_trainer(attention, lora), rows)
                for case, (attention, lora) in CASES.items() for name, rows in _rows().items()}
         got |= {(case, "pairs"): _gradients(_dpo_trainer(loss, attention), _pairs()) for case, (loss, attention) in DPO_CASES.items()}
+        packed_forward.CHECKPOINT_ROWS = 8  # every shard of "several" recomputes: collectives inside the backward
+        got |= {(case, "several"): _gradients(_trainer(attention, False), _rows()["several"]) for case, attention in RECOMPUTED.items()}
+        packed_forward.CHECKPOINT_ROWS = CHECKPOINT_ROWS
+        got |= {(case, "grpo"): _grpo_steps(_grpo_trainer(algo, attention)) for case, (algo, attention) in GRPO_CASES.items()}
         try:
             _trainer("ring", False, packing=False)
             refused = ""
@@ -115,8 +148,12 @@ def test_two_ranks_give_one_process_loss_and_gradients(tmp_path):
     got = torch.load(path)
     lines, bad = [], []
     for (case, name), (loss, grads) in got.items():
+        if case in GRPO_CASES:
+            continue
         if case in DPO_CASES:
             ref_loss, ref = _gradients(_dpo_trainer(DPO_CASES[case][0], None), _pairs())
+        elif case in RECOMPUTED:
+            ref_loss, ref = _gradients(_trainer(None, False), _rows()[name])
         else:
             ref_loss, ref = _gradients(_trainer(None, CASES[case][1]), _rows()[name])
         scale = max(g.abs().max().item() for g in ref.values())
@@ -128,6 +165,15 @@ def test_two_ranks_give_one_process_loss_and_gradients(tmp_path):
     print("context_parallel=2 against one process:\n" + "\n".join(lines))
     assert not bad, f"over loss {TOL_LOSS:g} / gradients {TOL_GRAD:g}:\n" + "\n".join(bad)
     assert refused == "train.context_parallel splits each packed row over its processes; set data.packing=true"
+    for case, (algo, _) in GRPO_CASES.items():  # GRPO: three optimizer steps, weights and metrics as one process's
+        ref_metrics, ref = _grpo_steps(_grpo_trainer(algo, None))
+        metrics, weights = got[(case, "grpo")]
+        worst = max((weights[n] - ref[n]).abs().max().item() for n in ref)
+        print(f"{case}: max parameter difference after 3 steps {worst:.2e}")
+        assert worst < 1e-5, f"{case}: max parameter difference {worst:.3g}"
+        for m, r in zip(metrics, ref_metrics):
+            for key in GRPO_KEYS:
+                assert m[key] == pytest.approx(r[key], rel=1e-5, abs=1e-7), (case, key)
 
 
 def _sft_config(tmp_path, name: str, *more: str):
@@ -177,8 +223,19 @@ def test_bad_context_parallel_settings_get_one_line(tmp_path):
     cfg = _sft_config(tmp_path, "x", "train.context_parallel=2")
     with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 splits each packed row over 2 processes; set data.packing=true$"):
         check(cfg.model_copy(update={"data": cfg.data.model_copy(update={"packing": False})}), splits=True)
-    with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 splits packed SFT rows and DPO answers; algo.name=sft does not "):
+    with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 splits packed SFT rows, DPO answers and GRPO's \(prompt, completion\) "
+                                            r"rows; algo.name=sft does not take it; set train.context_parallel=1$"):
         check(cfg, splits=False)
+    grpo = _sft_config(tmp_path, "g", "algo.name=grpo", "train.context_parallel=2")
+    with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 splits each \(prompt, completion\) row over its processes, not a "
+                                            r"prompt shared by a group's completions; set train.share_prompt=false$"):
+        check(grpo, splits=True)
+    unshared = grpo.model_copy(update={"train": grpo.train.model_copy(update={"share_prompt": False})})
+    check(unshared, splits=True)
+    with pytest.raises(LonghaulError, match=r"^algo.loss=gspo weighs each token by its whole sequence's ratio"):
+        check(unshared.model_copy(update={"algo": unshared.algo.model_copy(update={"loss": "gspo"})}), splits=True)
+    with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 does not combine with runtime.trainers"):
+        check(unshared.model_copy(update={"runtime": unshared.runtime.model_copy(update={"trainers": 2})}), splits=True)
     with pytest.raises(LonghaulError, match=r"not a prompt shared by several completions; set train.share_prompt=false$"):
         document_ids(pack_shared([5, 6, 7], [[8, 9], [10, 11, 12]], pad_id=0))
 

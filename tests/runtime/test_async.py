@@ -246,6 +246,23 @@ def test_two_data_parallel_trainers_train_like_one(tmp_path, tiny_grpo_run, monk
     assert [r["reward"] for r in ra] == pytest.approx([r["reward"] for r in rb], abs=1e-6)
 
 
+@pytest.mark.slow  # ~40 s: a follower process starts twice; tests/rl/test_context_parallel_training.py checks the maths fast
+def test_a_grpo_run_split_over_two_processes_trains_and_resumes_like_one(tmp_path, tiny_grpo_run):
+    """train.context_parallel=2 (each (prompt, completion) row split by ring attention), two steps, then
+    resumed for two more (the follower reads the checkpoint): the weights of the plain run."""
+    split = [f"output_dir={tmp_path}", *QUIET, "train.context_parallel=2", "train.share_prompt=false"]
+    run_training(load_config(EXAMPLE, [*split, "train.steps=2"]))
+    run_training(load_config(EXAMPLE, split), resume=True)
+    a, b = _final(tiny_grpo_run), _final(tmp_path / "tiny_grpo")
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    # a shared prompt's rows and the split rows sum in other orders; Adam's step turns the rounding of a
+    # near-zero gradient into up to lr, where a wrong gradient moves weights by ~lr each step
+    assert worst < 1e-4, f"max parameter difference {worst:.3g}"
+    ra, rb = _rows(tiny_grpo_run), _rows(tmp_path / "tiny_grpo")
+    assert [r["reward"] for r in ra] == pytest.approx([r["reward"] for r in rb], abs=1e-6)
+    assert [r["loss"] for r in ra] == pytest.approx([r["loss"] for r in rb], rel=1e-4, abs=1e-6)
+
+
 def test_a_worker_runs_admitted_requests_side_by_side_on_one_engine(tmp_path):
     """With worker_inflight 2 a single process worker serves two requests at once (their
     generation shares the engine's batches); results still come back whole and in order of uid."""

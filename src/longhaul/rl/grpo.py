@@ -18,6 +18,7 @@ import time
 import torch
 
 from longhaul.config import AlgoConfig, TrainConfig
+from longhaul.errors import LonghaulError
 from longhaul.malloc import within_step
 from longhaul.rl import packed_forward
 from longhaul.rl.advantages import ADVANTAGES
@@ -29,6 +30,7 @@ from longhaul.rl.logprobs import (
 from longhaul.rl.losses import (
     KL_ESTIMATORS,
     POLICY_LOSSES,
+    SEQUENCE_LOSSES,
     aggregate,
     entropy_bonus,
     off_policy_weight,
@@ -78,14 +80,39 @@ def _weigh_negatives(adv: torch.Tensor, weight: float) -> torch.Tensor:
     return adv if weight == 1.0 else torch.where(adv < 0, adv * weight, adv)
 
 
+def check_context(algo: AlgoConfig, train: TrainConfig, data_parallel: bool = False) -> None:
+    """One-line errors for a GRPO run that cannot split its rows over a context-parallel group
+    (the model's part: `context_parallel.packed.check_model`)."""
+    n = train.context_parallel
+    if data_parallel:
+        raise LonghaulError(f"train.context_parallel={n} does not combine with runtime.trainers (data-parallel ranks) yet; "
+                            "set one of them to 1")
+    if train.share_prompt:
+        raise LonghaulError(f"train.context_parallel={n} splits each (prompt, completion) row over its processes, not a "
+                            "prompt shared by a group's completions; set train.share_prompt=false")
+    if algo.loss in SEQUENCE_LOSSES:
+        raise LonghaulError(f"algo.loss={algo.loss} weighs each token by its whole sequence's ratio, which a context-parallel "
+                            f"rank does not hold; set train.context_parallel=1 or a token-level loss (ppo_clip, dual_clip)")
+
+
 class GRPOTrainer(OptimizerState):
     def __init__(self, policy, pad_id: int, algo: AlgoConfig, train: TrainConfig, temperature: float = 1.0, max_new_tokens: int = 128,
-                 dp=None):
+                 dp=None, context=None):
         """dp: a `distributed.DataParallel` when this is one rank of data-parallel training: `step`
         then gets this rank's groups, counts and metrics are summed over ranks, and the policy's
-        training forward and gradients go through dp's DDP or FSDP2 wrapper."""
+        training forward and gradients go through dp's DDP or FSDP2 wrapper.
+
+        context: a `context_parallel.packed.ContextGroup` when this is one rank of context-parallel
+        training: every rank gets all the groups, and each micro-batch's (prompt, completion) rows
+        are packed into one flat row split over the group (`ContextGroup.shard`). A rank's log-probs
+        cover the completion tokens its rows predict; the loss, its normalisers and the per-sequence
+        token counts are the whole batch's, so the ranks' losses sum to one process's, and so do
+        their gradients (`reduce_gradients`) and the metrics' sums."""
         self.policy, self.pad_id, self.algo, self.train_cfg, self.temperature = policy, pad_id, algo, train, temperature
-        self.max_new_tokens, self.dp = max_new_tokens, dp
+        self.max_new_tokens, self.dp, self.context = max_new_tokens, dp, context
+        if context is not None:
+            check_context(algo, train, dp is not None)
+            context.check(policy)
         self.advantage_fn = ADVANTAGES.get_fn(algo.advantage)
         self.loss_fn = POLICY_LOSSES.get_fn(algo.loss)
         self.kl_fn = KL_ESTIMATORS.get_fn(algo.kl_estimator)
@@ -174,7 +201,8 @@ class GRPOTrainer(OptimizerState):
         """Record `engine`'s forwards and, in steps on its rollouts while it holds exactly the
         policy's weights, use them as the policy's training forward (`rl.rollout_activations`:
         same maths, the forward's matmuls skipped). True if the engine qualifies (fp32, plain)."""
-        ok = self.train_cfg.autocast == "none" and packed_forward.supports(self.policy) and not self.algo.entropy_coef
+        ok = self.train_cfg.autocast == "none" and packed_forward.supports(self.policy) and not self.algo.entropy_coef \
+            and self.context is None  # the recorded rows are whole rows, not a rank's shard
         self.rollout = RolloutActivations.attach(engine) if ok else None
         self._rollout_ok = (-1, False)
         return self.rollout is not None
@@ -197,6 +225,9 @@ class GRPOTrainer(OptimizerState):
         if recorded is not None:
             self.recorded_units = getattr(self, "recorded_units", 0) + 1
             return packed_logprobs(model, recorded[0], self.temperature, ac, with_entropy, entropy_grad, recorded[1])
+        if self.context is not None:
+            batch = self.context.shard(packed_forward.pack_pairs([pairs[i] for i in idx], self.pad_id))
+            return packed_logprobs(model, batch, self.temperature, ac, with_entropy, entropy_grad)
         if self.train_cfg.share_prompt:
             return shared_prompt_logprobs(model, pairs[idx[0]][0], [pairs[i][1] for i in idx], self.pad_id,
                                           self.temperature, ac, with_entropy, entropy_grad, fast=True)
@@ -256,7 +287,11 @@ class GRPOTrainer(OptimizerState):
         for k, idx in enumerate(chunks):
             with self._accumulating(last=k == len(chunks) - 1):
                 logp, mask, ent = self._policy_logprobs(pairs, idx)
-                mask = mask * padded_rows([env_masks[i] for i in idx], mask)
+                env = padded_rows([env_masks[i] for i in idx], mask)
+                mask = mask * env
+                # each sequence's token count for a per-sequence mean: the whole row's, also where
+                # this context-parallel rank holds only part of it
+                row_tokens = env.sum(-1) if self.context is not None else None
                 ent = ent * mask
                 old = logp.detach()  # single update per batch: the old policy is the current one
                 beh = padded_rows([behaviour[i] for i in idx], old)  # the sampler's log-probs, (B, T)
@@ -272,7 +307,7 @@ class GRPOTrainer(OptimizerState):
                     kl_tok = self.kl_fn(logp, ref_logps[k])
                     tok_loss = tok_loss + self.algo.kl_coef * kl_tok
                     sums["kl"] += (kl_tok.detach() * mask).sum().item()
-                loss = aggregate(tok_loss, mask, self.algo.aggregation, n_tok, n_seq, max_len)
+                loss = aggregate(tok_loss, mask, self.algo.aggregation, n_tok, n_seq, max_len, row_tokens)
                 loss.backward()
                 within_step()  # bound the kept heap between micro-batches (`malloc.within_step`)
                 sums["loss"] += loss.item()
@@ -284,6 +319,9 @@ class GRPOTrainer(OptimizerState):
             if not chunks:  # nothing to train on this rank; it still joins the gradient sync
                 self.dp.join()
             sums = dict(zip(sums, self.dp.sum(list(sums.values()))))
+        if self.context is not None:  # every rank ran every chunk, each on its own tokens
+            self.context.reduce_gradients(self.params)
+            sums = {k: self.context.sum(v) for k, v in sums.items()}
         grad_norm = clip_and_step(self.params, self.optimizer, self.scheduler, self.train_cfg.grad_clip, sums["loss"])
         if self.dp is not None:
             self.dp.publish(self.policy)

@@ -13,6 +13,7 @@ import torch
 from longhaul.rl.registry import Registry
 
 POLICY_LOSSES = Registry("policy loss")
+SEQUENCE_LOSSES = {"gspo"}  # a token's loss depends on its whole sequence (not splittable over context-parallel ranks)
 KL_ESTIMATORS = Registry("KL estimator")
 
 
@@ -54,18 +55,21 @@ def kl_k3(logp, ref_logp):
     return torch.exp(d) - d - 1
 
 
-def aggregate(per_token, mask, mode: str, total_tokens: float, total_seqs: float, max_len: int | None = None):
+def aggregate(per_token, mask, mode: str, total_tokens: float, total_seqs: float, max_len: int | None = None,
+              row_tokens: torch.Tensor | None = None):
     """Reduce (B, T) per-token values to a scalar, normalised by whole-batch counts.
 
     token-mean: sum over all tokens / total_tokens.
-    seq-mean-token-mean: each sequence's token mean, summed / total_seqs.
+    seq-mean-token-mean: each sequence's token mean, summed / total_seqs; the mean is over
+    `row_tokens` (B,) tokens where given (a context-parallel rank's mask holds part of a row).
     seq-mean-token-sum: each sequence's token sum (over max_len if given, Dr. GRPO), summed / total_seqs.
     """
     masked = per_token * mask
     if mode == "token-mean":
         return masked.sum() / total_tokens
     if mode == "seq-mean-token-mean":
-        return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / total_seqs
+        count = mask.sum(-1) if row_tokens is None else row_tokens
+        return (masked.sum(-1) / count.clamp(min=1)).sum() / total_seqs
     if mode == "seq-mean-token-sum":
         per_seq = masked.sum(-1) / (max_len if max_len else 1)
         return per_seq.sum() / total_seqs

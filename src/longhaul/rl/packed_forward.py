@@ -32,7 +32,8 @@ micro-batch of two 2,000-token episodes would hold ~4 GB, against ~0.3 GB of lay
 one layer's worth here, for one more forward of the layers. The threshold is low (256 rows):
 even a micro-batch of two prompts with eight short completions each (~900 rows) would hold ~1
 GB, a quarter again of what a full fine-tuning run of this model holds between steps.
-Attention over long rows runs in tiles (`tiled_attention`).
+Attention over long rows runs in tiles (`tiled_attention`). A context-parallel rank counts its
+own shard's rows against the threshold.
 
 Numerics: the same operations as HF's eager/SDPA Llama (RMSNorm in fp32 by `F.rms_norm`, or in
 fp32 on CPU by the native kernels' forward and backward, equal to rounding; HF's
@@ -310,7 +311,9 @@ def hidden_states(model, b: PackedBatch, stored: list[list[torch.Tensor]] | None
     # native only when the rotary tables span the whole head (the kernels rotate all D dims)
     kernels = kernels_for(h) if cos.dtype == torch.float32 and d % 2 == 0 and cos.shape[-1] == d else None
     masks = {}  # SDPA's mask, made at the first attention in the dtype the projections produce
-    recompute = torch.is_grad_enabled() and ids.shape[0] > CHECKPOINT_ROWS and b.context is None
+    # a context-parallel shard recomputes too: every rank's backward reaches its layers in the same
+    # order, so the attention collectives a recomputed layer repeats still meet on every rank
+    recompute = torch.is_grad_enabled() and ids.shape[0] > CHECKPOINT_ROWS
     for i, layer in enumerate(base.layers):
         ys = [None] * 4 if stored is None else stored[i]  # qkv, o, gate_up, down
         if recompute:

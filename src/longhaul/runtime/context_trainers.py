@@ -1,21 +1,23 @@
-"""Context-parallel trainers for an offline SFT or DPO run: `train.context_parallel: N` starts N-1 follower
+"""Context-parallel trainers for an SFT, DPO or GRPO run: `train.context_parallel: N` starts N-1 follower
 processes beside this one in one process group (`runtime.trainers.Followers`) and gives the run
 loop one trainer with the usual `step` / `evaluate` / `state_dict` / `load_state_dict`, and `close`.
 
-Rank 0 (this process) keeps the data, the logging and the checkpoints. Each step it broadcasts the
-rows; every rank runs `SFTTrainer` (or `DPOTrainer`, which first gets every item rank 0 has, to
-score its reference on) with a `ContextGroup` over the whole group, on its zigzag shard of each
-packed micro-batch, and takes the same optimizer step on the gradient summed over the group, so
+Rank 0 (this process) keeps the data (or the rollouts), the logging and the checkpoints. Each step
+it broadcasts the rows (GRPO: the step's groups); every rank runs `SFTTrainer` (`GRPOTrainer`, or
+`DPOTrainer`, which first gets every item rank 0 has, to score its reference on) with a
+`ContextGroup` over the whole group, on its zigzag shard of each packed micro-batch, and takes the same optimizer step on the gradient summed over the group, so
 the weights stay equal on every rank and rank 0's are the run's. The followers start from rank 0's
 trainable weights (broadcast once); on resume each reads the checkpoint rank 0 resumes from.
 
 Owns the followers' loop, the commands rank 0 sends them, and the checks of a run's config and
 model (`check`) before any process starts. Not owned here: the split and its maths
-(`rl.context_parallel.packed`), data-parallel trainers (`runtime.trainers`, online GRPO; not
+(`rl.context_parallel.packed`), data-parallel trainers (`runtime.trainers`, online GRPO; not yet
 combined with this).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -28,6 +30,8 @@ from longhaul.models.lora import apply_lora
 from longhaul.rl.checkpoint import load_trainer_state, load_weights
 from longhaul.rl.context_parallel.packed import ContextGroup, check_model
 from longhaul.rl.dpo import DPOTrainer
+from longhaul.rl.grpo import GRPOTrainer
+from longhaul.rl.grpo import check_context as check_grpo
 from longhaul.rl.sft import SFTTrainer
 from longhaul.runtime.notice import leave_to_the_parent
 from longhaul.runtime.trainers import Followers, join_group
@@ -35,14 +39,16 @@ from longhaul.runtime.trainers import Followers, join_group
 
 def check(cfg: RunConfig, splits: bool, policy=None) -> None:
     """One-line errors for a context-parallel config the run cannot take; `splits`: the algorithm's
-    trainer splits its rows (SFT, DPO); `policy`: the model too (`context_parallel.packed.check_model`)."""
+    trainer splits its rows (SFT, DPO, GRPO); `policy`: the model too (`context_parallel.packed.check_model`)."""
     n = cfg.train.context_parallel
     if n == 1:
         return
     if not splits:
-        raise LonghaulError(f"train.context_parallel={n} splits packed SFT rows and DPO answers; algo.name={cfg.algo.name} does not "
-                            f"take it; set train.context_parallel=1")
-    if not cfg.data.packing:
+        raise LonghaulError(f"train.context_parallel={n} splits packed SFT rows, DPO answers and GRPO's (prompt, completion) rows; "
+                            f"algo.name={cfg.algo.name} does not take it; set train.context_parallel=1")
+    if cfg.algo.name == "grpo":
+        check_grpo(cfg.algo, cfg.train, cfg.runtime.trainers > 1)
+    elif not cfg.data.packing:
         raise LonghaulError(f"train.context_parallel={n} splits each packed row over {n} processes; set data.packing=true")
     if policy is not None:
         check_model(policy, n, cfg.train.context_attention)
@@ -56,6 +62,9 @@ def _trainer(cfg: RunConfig, policy, tok, items: list | None):
             if p.requires_grad:  # the rest comes from the same file (or seed) on every rank
                 dist.broadcast(p.data, src=0)
     context = ContextGroup(cfg.train.context_attention)
+    if cfg.algo.name == "grpo":  # every rank gets all the groups of each step
+        return GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
+                           context=context)
     if cfg.algo.name == "dpo":
         box = [items]
         dist.broadcast_object_list(box, src=0)
@@ -99,23 +108,37 @@ class ContextParallelTrainer:
     def __init__(self, cfg: RunConfig, policy, tok, items: list | None = None):
         self.world = cfg.train.context_parallel
         check_model(policy, self.world, cfg.train.context_attention)  # here, before any process starts
-        threads = cfg.threads or max(1, torch.get_num_threads() // self.world)  # the ranks share the cores
-        torch.set_num_threads(threads)
+        self.threads = cfg.threads or max(1, torch.get_num_threads() // self.world)  # the ranks share the cores
         self.followers = Followers(self.world, "context-parallel trainer")
-        self.followers.start(_follower, cfg.model_dump_json(), threads)
-        self.inner = _trainer(cfg, policy, tok, items)
+        self.followers.start(_follower, cfg.model_dump_json(), self.threads)
+        with self._sharing():
+            self.inner = _trainer(cfg, policy, tok, items)
+
+    @contextlib.contextmanager
+    def _sharing(self):
+        """This rank's share of the cores while the group works (an online run's rollouts, between
+        steps, keep every core)."""
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     def _tell(self, kind: str, arg) -> None:
         self.followers.check_alive()
         dist.broadcast_object_list([(kind, arg)], src=0)
 
     def step(self, rows: list) -> dict:
+        """One optimizer step over `rows` (an online run: the step's groups), on every rank."""
         self._tell("step", rows)
-        return self.inner.step(rows)
+        with self._sharing():
+            return self.inner.step(rows)
 
     def evaluate(self, rows: list) -> dict:
         self._tell("evaluate", rows)
-        return self.inner.evaluate(rows)
+        with self._sharing():
+            return self.inner.evaluate(rows)
 
     def state_dict(self) -> dict:
         return self.inner.state_dict()  # the optimizer's state is the same on every rank

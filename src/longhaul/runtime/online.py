@@ -42,6 +42,7 @@ from longhaul.runtime.progress import console, progress_bar
 from longhaul.runtime.rollout import make_sampler
 from longhaul.runtime.setup import evaluate_heldout, open_run_dir, prepare
 from longhaul.runtime.tasks import ScheduledTasks, TaskStream
+from longhaul.runtime.context_trainers import ContextParallelTrainer
 from longhaul.runtime.trainers import ShardedTrainer
 from longhaul.sandbox.audit import audit_to
 
@@ -111,6 +112,8 @@ def _run_training(cfg: RunConfig, resume: bool, prep, run_dir: Path, ckpt) -> di
         policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
     if cfg.runtime.trainers > 1:  # data-parallel ranks in child processes; this one is rank 0
         trainer = ShardedTrainer(cfg, policy, tok, ckpt)
+    elif cfg.train.context_parallel > 1:  # every row split over ranks in child processes; this one is rank 0
+        trainer = ContextParallelTrainer(cfg, policy, tok)
     else:
         trainer = online_builder(cfg.algo.name)(cfg, policy, tok)
     source = ScheduledTasks(prep.scheduler) if prep.scheduler is not None else TaskStream(prep.train_tasks)

@@ -139,7 +139,7 @@ def check_runtime(cfg: RunConfig) -> None:
     if rt.buffer_capacity and rt.buffer_capacity < need:
         raise LonghaulError(f"runtime.buffer_capacity={rt.buffer_capacity} cannot hold the {need} groups that max_staleness "
                             f"{rt.max_staleness} keeps in flight; raise it to >= {need} or set 0 (automatic)")
-    check_context_parallel(cfg, splits=False)  # online trainers do not split rows (yet)
+    check_context_parallel(cfg, splits=cfg.algo.name == "grpo")  # of the online trainers, GRPO splits its rows
     if rt.trainers > 1 and cfg.algo.name != "grpo":
         raise LonghaulError(f"runtime.trainers={rt.trainers} (data-parallel training) supports algo.name=grpo only; set runtime.trainers=1")
     if rt.sandbox_pools and (rt.backend != "ray" or rt.mode != "async"):
