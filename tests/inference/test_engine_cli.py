@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,6 +42,7 @@ def test_bench_engine_writes_merged_results(tmp_path):
     assert sorted((row["dtype"], row["batch_size"]) for row in saved["rows"]) == [("bfloat16", 1), ("bfloat16", 2), ("float32", 1), ("float32", 2)]
 
 
+@pytest.mark.slow  # ~12 s: two CLI runs; the speculative engine's greedy equality is tested in-process (tests/inference)
 def test_generate_decodes_speculatively_with_the_same_greedy_tokens(tmp_path):
     args = ("generate", "--model", "tiny-llama", "--prompt", "ab ab ab ab ab", "--max-tokens", "12", "--raw", "--json")
     plain = run_cli(*args, cwd=tmp_path)
@@ -49,11 +52,16 @@ def test_generate_decodes_speculatively_with_the_same_greedy_tokens(tmp_path):
 
 
 def test_a_bad_speculative_config_is_one_error_line(tmp_path):
-    for value, words in (("{method: ngram", "is not JSON"), ('["ngram"]', "must be a JSON object"),
-                         ('{"method": "medusa"}', "--speculative-config: method")):
-        r = run_cli("generate", "--model", "tiny-llama", "--prompt", "hi", "--speculative-config", value, cwd=tmp_path)
-        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
-        assert len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+    from longhaul.cli import _speculative_config
+    from longhaul.errors import LonghaulError
+
+    for value, words in (("{method: ngram", "is not JSON"), ('["ngram"]', "must be a JSON object")):
+        with pytest.raises(LonghaulError, match=words):
+            _speculative_config(value)
+    # the whole CLI once: one line, no traceback, a non-zero exit
+    r = run_cli("generate", "--model", "tiny-llama", "--prompt", "hi", "--speculative-config", '{"method": "medusa"}', cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "--speculative-config: method" in r.stderr, r.stderr
 
 
 def test_generate_runs_quantized_weights_and_names_a_bad_format(tmp_path):

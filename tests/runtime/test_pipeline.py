@@ -102,6 +102,7 @@ def test_the_main_job_config_validates_every_stage():
     assert pipe.rl_config("x").rollout.require_submit and sft.data.packing and sft.data.pack_length == 2048
 
 
+@pytest.mark.slow  # ~15 s: every stage of a pipeline runs; the stages' own tests run fast
 def test_a_plugin_workspace_family_goes_through_the_pipeline(tmp_path, monkeypatch):
     """A user's multi-turn family (`package.module:Name`, the same tools) gets demonstrations from
     its oracle, SFT and the evaluation like the built-ins; its stages' child processes import it too."""

@@ -46,14 +46,20 @@ print(json.dumps({"hits": hits, "zombies": zombies}))
 '''
 
 
-@pytest.mark.parametrize("mode", modes.MODES)
+def _fast(keep: str) -> list:
+    """modes.MODES with all but `keep` in the slow suite (each mode's run takes ~10 s; the fast
+    suite keeps one mode a test, a different one for each)."""
+    return [m if m == keep else pytest.param(m, marks=pytest.mark.slow) for m in modes.MODES]
+
+
+@pytest.mark.parametrize("mode", _fast("unprivileged"))
 def test_every_stop_path_reaps_what_it_started(mode):
     res = modes.script(mode, REAPING)
     assert res["hits"] == ["wall", "wall", "wall", "wall", "output", "wall", "1\n"], res
     assert res["zombies"] == [], res
 
 
-@pytest.mark.parametrize("mode", modes.MODES)
+@pytest.mark.parametrize("mode", _fast("no-cgroups"))
 def test_wall_clock_and_output_cap_stop_the_whole_tree(mode):
     res = modes.cli_json(mode, "--wall", "1", "--", "sleep", "4949.25")
     assert res["limit_hit"] == "wall" and res["exit_code"] is None, res

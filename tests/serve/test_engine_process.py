@@ -205,6 +205,7 @@ def test_a_killed_engine_fails_its_requests_and_the_server_says_so(tmp_path):
         assert state.loop.num_active == 0
 
 
+@pytest.mark.slow  # ~19 s: two servers start; the engine process's own tests above run fast
 def test_no_engine_process_outlives_its_server(tmp_path):
     """Stopped (SIGTERM): the engine exits with it. Killed (SIGKILL, no shutdown code runs): the
     engine gets the parent-death signal."""
