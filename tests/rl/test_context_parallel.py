@@ -1,6 +1,7 @@
 """Context-parallel attention (`longhaul.rl.context_parallel`) against plain attention over the
 whole row in fp64: 2, 3 and 4 gloo ranks, ring and Ulysses, causal and packed rows, MHA and GQA;
-the output, the log-sum-exp and dq / dk / dv (the loss reaches both out and lse). The zigzag
+the output, the log-sum-exp and dq / dk / dv (the loss reaches both out and lse), each block
+whole and in tiles of a few query rows. The zigzag
 layout helpers, and the one-line errors for shapes the world size does not divide."""
 
 import math
@@ -11,6 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from longhaul.errors import LonghaulError
+from longhaul.rl.context_parallel import blocks
 from longhaul.rl.context_parallel import (CONTEXT_ATTENTION, document_positions, zigzag_gather, zigzag_positions,
                                           zigzag_shard, zigzag_unshard)
 from tests.rl.test_distributed import _gloo_group, _started
@@ -74,13 +76,15 @@ def _rank(rank: int, world: int, out) -> None:
     torch.set_num_threads(1)
     with _gloo_group(rank, world, "env://"):
         worst = {}
-        for method, attend in CONTEXT_ATTENTION.items():
-            for case, (hkv, packed) in CASES.items():
-                inputs = _inputs(hkv, packed)
-                got = _parallel(attend, rank, world, *inputs)
-                if rank == 0:
-                    ref = _reference(*inputs)
-                    worst[method, case] = {name: (got[name].double() - ref[name]).abs().max().item() for name in TOL}
+        for tile, label in ((blocks.TILE_SCORES, ""), (64, " tiled")):  # 64 scores: blocks of a few query rows a tile
+            blocks.TILE_SCORES = tile
+            for method, attend in CONTEXT_ATTENTION.items():
+                for case, (hkv, packed) in CASES.items():
+                    inputs = _inputs(hkv, packed)
+                    got = _parallel(attend, rank, world, *inputs)
+                    if rank == 0:
+                        ref = _reference(*inputs)
+                        worst[method + label, case] = {name: (got[name].double() - ref[name]).abs().max().item() for name in TOL}
         refusals = _refusals(world)
         if rank == 0:
             out.put((worst, refusals))
@@ -101,10 +105,10 @@ def test_ring_and_ulysses_equal_attention_over_the_whole_row(world, monkeypatch)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     worst, refusals = _started([ctx.Process(target=_rank, args=(r, world, out)) for r in range(world)], out, timeout=180)
-    table = "\n".join(f"{m:8} {c:11} " + "  ".join(f"{n} {d:.2e}" for n, d in diffs.items())
+    table = "\n".join(f"{m:14} {c:11} " + "  ".join(f"{n} {d:.2e}" for n, d in diffs.items())
                       for (m, c), diffs in worst.items())
     print(f"world {world}: max |parallel - fp64 reference|\n{table}")
-    assert len(worst) == 2 * len(CASES)
+    assert len(worst) == 4 * len(CASES)  # ring and Ulysses, whole blocks and tiled
     assert all(d < TOL[n] for diffs in worst.values() for n, d in diffs.items()), f"over {TOL}:\n{table}"
     assert refusals[0] == (f"Ulysses attention: {world + 1} query heads do not split over {world} ranks; use ring attention "
                            f"or a context-parallel size that divides {world + 1}")

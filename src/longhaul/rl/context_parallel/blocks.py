@@ -39,10 +39,34 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.to(b.dtype) @ b).float()
 
 
+TILE_SCORES = 1 << 23  # fp32 scores (32 MB) a tile of a block's queries holds at once
+
+
+def _tiles(q: torch.Tensor, tk: int) -> list[slice]:
+    """The block's query rows in tiles whose scores (and the backward's probabilities and their
+    gradient) stay under TILE_SCORES each, so a block's working memory does not grow with the
+    square of the shard's length."""
+    B, Hkv, G, Tq, _ = q.shape
+    rows = max(1, TILE_SCORES // max(1, B * Hkv * G * tk))
+    return [slice(i, min(Tq, i + rows)) for i in range(0, Tq, rows)]
+
+
 def block_forward(q, k, v, ok, scale: float):
     """q (B, Hkv, G, Tq, D), k, v (B, Hkv, Tk, D), ok (B or 1, Tq, Tk) -> out (B, Hkv, G, Tq, D)
     normalised over this block and lse (B, Hkv, G, Tq), both fp32; lse is -inf (and out 0) for a
-    query that sees no key of the block."""
+    query that sees no key of the block. Queries run in tiles (`_tiles`); each row's result is
+    that of the whole block."""
+    tiles = _tiles(q, k.shape[2])
+    if len(tiles) == 1:
+        return _block_forward(q, k, v, ok, scale)
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    for t in tiles:
+        out[..., t, :], lse[..., t] = _block_forward(q[..., t, :], k, v, ok[:, t], scale)
+    return out, lse
+
+
+def _block_forward(q, k, v, ok, scale: float):
     B, Hkv, G, Tq, D = q.shape
     s = _scores(q, k, ok, scale)
     lse = torch.logsumexp(s, dim=-1)
@@ -60,7 +84,22 @@ def merge(out, lse, block_out, block_lse):
 def block_backward(q, k, v, dout, lse, delta, ok, scale: float):
     """One block's share of the gradients. q, dout (B, Hkv, G, Tq, D); k, v (B, Hkv, Tk, D); lse
     (B, Hkv, G, Tq) the final log-sum-exp over all keys; delta (B, Hkv, G, Tq) rowsum(dout * out)
-    less the lse's own gradient -> dq (B, Hkv, G, Tq, D), dk, dv (B, Hkv, Tk, D), all fp32."""
+    less the lse's own gradient -> dq (B, Hkv, G, Tq, D), dk, dv (B, Hkv, Tk, D), all fp32. In
+    tiles of queries as `block_forward`; dk and dv sum over the tiles."""
+    tiles = _tiles(q, k.shape[2])
+    if len(tiles) == 1:
+        return _block_backward(q, k, v, dout, lse, delta, ok, scale)
+    dq = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    for t in tiles:
+        dq[..., t, :], dk_t, dv_t = _block_backward(q[..., t, :], k, v, dout[..., t, :], lse[..., t], delta[..., t], ok[:, t], scale)
+        dk += dk_t
+        dv += dv_t
+    return dq, dk, dv
+
+
+def _block_backward(q, k, v, dout, lse, delta, ok, scale: float):
     B, Hkv, G, Tq, D = q.shape
     p = torch.exp(_scores(q, k, ok, scale) - lse[..., None])  # the final probabilities of this block's keys
     do = dout.reshape(B, Hkv, G * Tq, D)
