@@ -5,8 +5,9 @@ loop one trainer with the usual `step` / `evaluate` / `state_dict` / `load_state
 Rank 0 (this process) keeps the data (or the rollouts), the logging and the checkpoints. Each step
 it broadcasts the rows (GRPO: the step's groups); every rank runs `SFTTrainer` (`GRPOTrainer`, or
 `DPOTrainer`, which first gets every item rank 0 has, to score its reference on) with a
-`ContextGroup` over the whole group, on its zigzag shard of each packed micro-batch, and takes the same optimizer step on the gradient summed over the group, so
-the weights stay equal on every rank and rank 0's are the run's. The followers start from rank 0's
+`ContextGroup` over the whole group, on its zigzag shard of each packed micro-batch, and takes
+the same optimizer step on the gradient summed over the group, so the weights stay equal on
+every rank and rank 0's are the run's. The followers start from rank 0's
 trainable weights (broadcast once); on resume each reads the checkpoint rank 0 resumes from.
 
 Owns the followers' loop, the commands rank 0 sends them, and the checks of a run's config and
