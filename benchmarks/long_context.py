@@ -32,8 +32,9 @@ hit rate) and writes the JSON atomically. The first turn of every episode is col
 mode and is reported apart.
 
 (b) runs `longhaul eval --suite niah` (`--niah-kind`, `--niah-n` tasks at each of
-`--niah-lengths` thousand tokens) on the model as it is and with YaRN (`--yarn-factor`),
-reporting accuracy by length and RULER's effective length (the longest above 85.6%). `decode`
+`--niah-lengths` thousand tokens) on the model as it is, with YaRN (`--yarn-factor`), and after a
+short SFT with YaRN on needle tasks of other seeds (`--niah-ft-steps` steps over `--niah-ft-rows`
+tasks of `--niah-ft-lengths` thousand tokens; shorter than the evaluation's longest), reporting accuracy by length and RULER's effective length (the longest above 85.6%). `decode`
 times the prefill of one random prompt of each of `--decode-lengths` thousand tokens and the
 `--decode-tokens` tokens after it.
 """
@@ -232,6 +233,11 @@ def sft_steps(a) -> dict:
     """(a): every configuration at every length, each in a child process tree, memory sampled."""
     configs = [("ours cp=1", ["--sft-child", "ours", "--sft-cp", "1"]), ("ours cp=2", ["--sft-child", "ours", "--sft-cp", "2"]),
                ("HF forward/backward", ["--sft-child", "anchor"])]
+    wanted = {"cp1": "ours cp=1", "cp2": "ours cp=2", "anchor": "HF forward/backward"}
+    unknown = [c for c in a.sft_configs.split(",") if c not in wanted]
+    if unknown:
+        raise SystemExit(f"--sft-configs: unknown {unknown[0]!r}; use cp1, cp2 and anchor, comma-separated")
+    configs = [c for c in configs if c[0] in {wanted[k] for k in a.sft_configs.split(",")}]
     out, failed = [], set()
     for k in [int(x) for x in a.sft_lengths.split(",")]:
         for name, args in configs:
@@ -301,27 +307,66 @@ def decode_after(a) -> list[dict]:
 RULER_THRESHOLD = 0.856  # RULER's effective length: the longest length scoring above this
 
 
+NIAH_TRAIN_SEEDS = 2_000_000  # the fine-tune's needle tasks: seeds disjoint from the evaluation's (`niah` heldout: 1,000,000 + i)
+
+
+def niah_finetune(a, work: Path, scaling: dict) -> Path:
+    """(b)'s third variant: `--niah-ft-steps` SFT steps of the model with `scaling` on `--niah-ft-rows`
+    needle tasks of `--niah-ft-lengths` thousand tokens (the reference reply as the answer), exported
+    as an HF directory for `longhaul eval`."""
+    from longhaul.config import load_config
+    from longhaul.envs import niah as needles
+    from longhaul.rl.checkpoint import export_checkpoint
+    from longhaul.runtime.offline import run_offline
+
+    lengths = [int(k) for k in a.niah_ft_lengths.split(",")]
+    rows = work / "needles.jsonl"
+    with rows.open("w") as f:
+        for i in range(a.niah_ft_rows):
+            task = needles.make_task(NIAH_TRAIN_SEEDS + i, f"{a.niah_kind}_{lengths[i % len(lengths)]}k")
+            f.write(json.dumps({"messages": [{"role": "user", "content": task.prompt},
+                                             {"role": "assistant", "content": needles.reference_reply(task).strip()}]}) + "\n")
+    cfg = load_config(None, ["name=niah_ft", f"output_dir={work}", f"model.name={a.model}", "algo.name=sft", f"data.path={rows}",
+                             "data.packing=true", f"data.max_length={1331 * max(lengths) + 256}", "data.batch_size=2",
+                             "data.heldout_fraction=0", f"train.steps={a.niah_ft_steps}", "train.micro_batch=1",
+                             f"train.lr={a.niah_ft_lr}", f"train.save_every={a.niah_ft_steps}", "log.tensorboard=false",
+                             "log.audit=false", f"model.rope_scaling={json.dumps(scaling)}"])
+    t = time.perf_counter()
+    run_offline(cfg)
+    print(f"fine-tune: {a.niah_ft_steps} steps in {time.perf_counter() - t:.0f} s", flush=True)
+    return Path(export_checkpoint(work / "niah_ft", None, work / "exported"))
+
+
 def niah(a) -> dict:
-    """Needle accuracy by length for each RoPE variant, through `longhaul eval --suite niah`."""
+    """Needle accuracy by length for each RoPE variant, through `longhaul eval --suite niah`: the model
+    as it is, with YaRN, and (`--niah-ft-steps` > 0) after a short fine-tune on needles with YaRN."""
     subs = [f"{a.niah_kind}_{k}k" for k in a.niah_lengths.split(",")]
+    yarn = {"rope_type": "yarn", "factor": a.yarn_factor}
+    variants = [("no scaling", None, a.model), (f"yarn x{a.yarn_factor:g}", yarn, a.model)]
     out = {}
-    for name, scaling in (("no scaling", None), (f"yarn x{a.yarn_factor:g}", {"rope_type": "yarn", "factor": a.yarn_factor})):
-        cmd = [sys.executable, "-m", "longhaul.cli", "eval", "--model", a.model, "--suite", "niah", "--subfamilies", ",".join(subs),
-               "--n", str(a.niah_n * len(subs)), "--max-new-tokens", "48", "--dtype", a.dtype, "--json",
-               "--context-length", str(int(1331 * max(int(k) for k in a.niah_lengths.split(","))) + 512)]  # haystacks run ~1.2x long
-        if scaling:
-            cmd += ["--rope-scaling", json.dumps(scaling)]
-        t = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode:
-            said = [line for line in done.stderr.splitlines() if line.strip() and "Loading weights" not in line]
-            raise SystemExit(f"{name}: longhaul eval exited {done.returncode}: {said[-1] if said else '(nothing on stderr)'}")
-        groups = json.loads(done.stdout)["by_subfamily"]
-        acc = {s.rsplit("_", 1)[1]: groups[s]["passed"] / groups[s]["n"] for s in subs if s in groups}
-        effective = max((int(k[:-1]) for k, v in acc.items() if v > RULER_THRESHOLD), default=0)
-        out[name] = {"accuracy": acc, "n_per_length": a.niah_n, "effective_length_k": effective, "rope_scaling": scaling,
-                     "seconds": time.perf_counter() - t}
-        print(f"{name}: " + ", ".join(f"{k} {v:.0%}" for k, v in acc.items()) + f"; effective {effective}k", flush=True)
+    with tempfile.TemporaryDirectory() as work:
+        if a.niah_ft_steps:
+            variants.append((f"yarn x{a.yarn_factor:g}, fine-tuned", yarn, str(niah_finetune(a, Path(work), yarn))))
+        for name, scaling, model in variants:
+            cmd = [sys.executable, "-m", "longhaul.cli", "eval", "--model", model, "--suite", "niah", "--subfamilies", ",".join(subs),
+                   "--n", str(a.niah_n * len(subs)), "--max-new-tokens", "48", "--dtype", a.dtype, "--json",
+                   "--context-length", str(int(1331 * max(int(k) for k in a.niah_lengths.split(","))) + 512)]  # haystacks run ~1.2x long
+            if scaling:
+                cmd += ["--rope-scaling", json.dumps(scaling)]
+            t = time.perf_counter()
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode:
+                said = [line for line in done.stderr.splitlines() if line.strip() and "Loading weights" not in line]
+                raise SystemExit(f"{name}: longhaul eval exited {done.returncode}: {said[-1] if said else '(nothing on stderr)'}")
+            groups = json.loads(done.stdout)["by_subfamily"]
+            acc = {s.rsplit("_", 1)[1]: groups[s]["passed"] / groups[s]["n"] for s in subs if s in groups}
+            effective = max((int(k[:-1]) for k, v in acc.items() if v > RULER_THRESHOLD), default=0)
+            out[name] = {"accuracy": acc, "n_per_length": a.niah_n, "effective_length_k": effective, "rope_scaling": scaling,
+                         "seconds": time.perf_counter() - t}
+            if model != a.model:
+                out[name]["fine_tune"] = {"steps": a.niah_ft_steps, "rows": a.niah_ft_rows, "lengths_k": a.niah_ft_lengths,
+                                          "lr": a.niah_ft_lr, "seeds_from": NIAH_TRAIN_SEEDS}
+            print(f"{name}: " + ", ".join(f"{k} {v:.0%}" for k, v in acc.items()) + f"; effective {effective}k", flush=True)
     return out
 
 
@@ -369,7 +414,12 @@ def main() -> None:
     p.add_argument("--niah-lengths", default="1,2,4,8", help="haystack lengths in thousands of tokens (16: ~3 min a task on 2 cores)")
     p.add_argument("--niah-n", type=int, default=6, help="tasks a length")
     p.add_argument("--yarn-factor", type=float, default=4.0)
+    p.add_argument("--niah-ft-steps", type=int, default=16, help="(b): SFT steps of the fine-tuned variant (0: not run)")
+    p.add_argument("--niah-ft-rows", type=int, default=32, help="(b): needle tasks it trains on (two a step)")
+    p.add_argument("--niah-ft-lengths", default="1,2", help="(b): their lengths in thousands of tokens, in turn")
+    p.add_argument("--niah-ft-lr", type=float, default=1e-4)
     p.add_argument("--sft-lengths", default="4,8,16", help="(a): sequence lengths in thousands of tokens (1024 each)")
+    p.add_argument("--sft-configs", default="cp1,cp2,anchor", help="(a): which of ours cp=1, cp=2 and the anchor run")
     p.add_argument("--sft-cap-gb", type=float, default=20.0, help="(a): stop a configuration whose processes pass this")
     p.add_argument("--sft-timeout", type=float, default=30.0, help="(a): minutes a configuration may take at one length")
     p.add_argument("--sft-child", choices=("ours", "anchor"), help=argparse.SUPPRESS)
