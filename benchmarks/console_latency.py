@@ -2,13 +2,14 @@
 
 Writes a runs directory of `--runs` finished runs (a config, a report, `--small-steps` metrics
 lines each) and one run of `--steps` steps of `--metrics` metrics, serves the console over it
-on loopback, and times:
+on loopback (`longhaul console` in its own process, as a user runs it), and times:
 - the API: `GET /api/runs` (first call, then warm), the large run's whole metrics history in
   pages (first read, then warm), and an incremental poll after the last line;
 - the pages in headless Chromium (Playwright, Debian's `chromium`): the runs page until every
   run's row is drawn, and the large run's page until every metric's chart is drawn, each from
   navigation start (recorded in the page by an observer of its DOM); the first load, then the
-  median and the worst of `--repeats` more.
+  median and the worst of `--repeats` more, and for the worst load where its slowest API
+  request spent its time (waiting for a connection, to its first byte, its body).
 
     python benchmarks/console_latency.py [--runs 500] [--steps 10000] [--metrics 50]
 
@@ -21,8 +22,9 @@ import argparse
 import contextlib
 import json
 import socket
+import subprocess
+import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -32,7 +34,6 @@ from rich.console import Console
 from rich.table import Table
 
 from longhaul.config import RunConfig, dump_config
-from longhaul.console.app import create_app
 from longhaul.console.vendor import UPLOT
 from longhaul.envinfo import collect
 
@@ -53,24 +54,32 @@ def write_run(d: Path, name: str, steps: int, metrics: int) -> None:
 
 @contextlib.contextmanager
 def serving(root: Path):
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(root), log_config=None, access_log=False))
-    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    th.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise SystemExit("the console server did not start within 30 s")
-        time.sleep(0.02)
+    """`longhaul console` over `root` in its own process, as a user runs it; yields its base URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "longhaul.cli", "console", "--runs", str(root), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        deadline = time.monotonic() + 60
+        while True:  # the static page: ready without reading any run (the first listing is timed)
+            if proc.poll() is not None:
+                raise SystemExit(f"longhaul console exited {proc.returncode}: {proc.stderr.read().strip()[-300:]}")
+            try:
+                urllib.request.urlopen(base + "/", timeout=5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the console did not answer within 60 s") from None
+                time.sleep(0.1)
+        yield base
     finally:
-        server.should_exit = True
-        th.join(30)
-        sock.close()
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def get(url: str) -> tuple[dict, float]:
@@ -107,6 +116,15 @@ def api_timings(base: str, runs: int, big: str, repeats: int) -> dict:
             "metrics_whole_warm_s": again, "metrics_columns_s": columns, "metrics_poll_s": poll}
 
 
+# the load's slowest API request as the browser saw it: waiting for a connection, the server's
+# time to the first byte, and the body's transfer (seconds)
+SLOWEST_API = """() => { const e = performance.getEntriesByType('resource').filter(r => r.name.includes('/api/'))
+  .sort((a, b) => b.duration - a.duration)[0];
+  return e && { url: e.name.replace(location.origin, ''), queued_s: (e.requestStart - e.startTime) / 1000,
+                first_byte_s: (e.responseStart - e.requestStart) / 1000, body_s: (e.responseEnd - e.responseStart) / 1000,
+                total_s: e.duration / 1000 }; }"""
+
+
 def page_timings(base: str, runs: int, big: str, metrics: int, repeats: int) -> dict | str:
     """Seconds from navigation start until the pages are drawn, or why they could not be timed."""
     try:
@@ -132,16 +150,18 @@ def page_timings(base: str, runs: int, big: str, metrics: int, repeats: int) -> 
                 page.add_init_script("new MutationObserver((_, obs) => { if (window.__drawnAt === undefined && (%s)) "
                                      "{ window.__drawnAt = performance.now(); obs.disconnect(); } })"
                                      ".observe(document, { childList: true, subtree: true });" % ready)
-                times = []
+                times, slowest = [], []
                 for _ in range(repeats + 1):  # the first load also fills the browser's cache of the scripts
                     page.goto(url)
                     page.wait_for_function("() => window.__drawnAt !== undefined")
                     times.append(page.evaluate("() => window.__drawnAt") / 1000)
+                    slowest.append(page.evaluate(SLOWEST_API))
                 page.close()
-                later = sorted(times[1:])
-                out[key] = later[len(later) // 2]
+                later = sorted(range(1, len(times)), key=lambda i: times[i])
+                out[key] = times[later[len(later) // 2]]
                 out[key + "_first"] = times[0]
-                out[key + "_worst"] = later[-1]
+                out[key + "_worst"] = times[later[-1]]
+                out[key + "_worst_api"] = slowest[later[-1]]
         finally:
             browser.close()
     return out
@@ -189,6 +209,11 @@ def main() -> None:
     else:
         table.add_row(pages, "-")
     Console(width=140).print(table)
+    for key in ("runs_page_s_worst_api", "run_page_s_worst_api"):
+        if isinstance(pages, dict) and pages.get(key):
+            a = pages[key]
+            console.print(f"{key[:-10]} worst load, its slowest API request {a['url']}: waited {a['queued_s']:.3f} s for a "
+                          f"connection, {a['first_byte_s']:.3f} s to the first byte, {a['body_s']:.3f} s for the body")
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
