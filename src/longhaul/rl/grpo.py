@@ -321,7 +321,7 @@ class GRPOTrainer(OptimizerState):
             sums = dict(zip(sums, self.dp.sum(list(sums.values()))))
         if self.context is not None:  # every rank ran every chunk, each on its own tokens
             self.context.reduce_gradients(self.params)
-            sums = {k: self.context.sum(v) for k, v in sums.items()}
+            sums = dict(zip(sums, self.context.sum_all(list(sums.values()))))
         grad_norm = clip_and_step(self.params, self.optimizer, self.scheduler, self.train_cfg.grad_clip, sums["loss"])
         if self.dp is not None:
             self.dp.publish(self.policy)

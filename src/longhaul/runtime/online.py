@@ -34,6 +34,7 @@ from longhaul.rl.grpo import GRPOTrainer
 from longhaul.rl.ppo import PPOTrainer
 from longhaul.runtime.algorithms import builder
 from longhaul.runtime.buffer import ReplayBuffer
+from longhaul.runtime.context_trainers import ContextParallelTrainer
 from longhaul.runtime.controller import Controller, buffer_capacity, make_rollouts
 from longhaul.runtime.memory import measure
 from longhaul.runtime.metrics import MetricsLog, read_metrics
@@ -42,7 +43,6 @@ from longhaul.runtime.progress import console, progress_bar
 from longhaul.runtime.rollout import make_sampler
 from longhaul.runtime.setup import evaluate_heldout, open_run_dir, prepare
 from longhaul.runtime.tasks import ScheduledTasks, TaskStream
-from longhaul.runtime.context_trainers import ContextParallelTrainer
 from longhaul.runtime.trainers import ShardedTrainer
 from longhaul.sandbox.audit import audit_to
 

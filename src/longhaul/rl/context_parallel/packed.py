@@ -127,9 +127,13 @@ class ContextGroup:
 
     def sum(self, value: float) -> float:
         """A number summed over the group (each rank's share of a loss -> the batch's loss)."""
-        t = torch.tensor([value], dtype=torch.float64)
+        return self.sum_all([value])[0]
+
+    def sum_all(self, values: list[float]) -> list[float]:
+        """Each number summed over the group, in one message."""
+        t = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
-        return float(t.item())
+        return t.tolist()
 
 
 def check_split(heads: int, world: int, attention: str) -> None:
