@@ -34,7 +34,8 @@ mode and is reported apart.
 (b) runs `longhaul eval --suite niah` (`--niah-kind`, `--niah-n` tasks at each of
 `--niah-lengths` thousand tokens) on the model as it is, with YaRN (`--yarn-factor`), and after a
 short SFT with YaRN on needle tasks of other seeds (`--niah-ft-steps` steps over `--niah-ft-rows`
-tasks of `--niah-ft-lengths` thousand tokens; shorter than the evaluation's longest), reporting accuracy by length and RULER's effective length (the longest above 85.6%). `decode`
+tasks of `--niah-ft-lengths` thousand tokens; shorter than the evaluation's longest), reporting
+accuracy by length and RULER's effective length (the longest above 85.6%). `decode`
 times the prefill of one random prompt of each of `--decode-lengths` thousand tokens and the
 `--decode-tokens` tokens after it.
 """
@@ -234,10 +235,11 @@ def sft_steps(a) -> dict:
     configs = [("ours cp=1", ["--sft-child", "ours", "--sft-cp", "1"]), ("ours cp=2", ["--sft-child", "ours", "--sft-cp", "2"]),
                ("HF forward/backward", ["--sft-child", "anchor"])]
     wanted = {"cp1": "ours cp=1", "cp2": "ours cp=2", "anchor": "HF forward/backward"}
-    unknown = [c for c in a.sft_configs.split(",") if c not in wanted]
+    asked = a.sft_configs.split(",")
+    unknown = [c for c in asked if c not in wanted]
     if unknown:
         raise SystemExit(f"--sft-configs: unknown {unknown[0]!r}; use cp1, cp2 and anchor, comma-separated")
-    configs = [c for c in configs if c[0] in {wanted[k] for k in a.sft_configs.split(",")}]
+    configs = [c for c in configs if c[0] in {wanted[k] for k in asked}]
     out, failed = [], set()
     for k in [int(x) for x in a.sft_lengths.split(",")]:
         for name, args in configs:
@@ -307,6 +309,7 @@ def decode_after(a) -> list[dict]:
 RULER_THRESHOLD = 0.856  # RULER's effective length: the longest length scoring above this
 
 
+HAYSTACK_TOKENS_PER_K = 1331  # a niah haystack of "n k" runs to about n x 1,331 tokens of SmolLM2's tokenizer
 NIAH_TRAIN_SEEDS = 2_000_000  # the fine-tune's needle tasks: seeds disjoint from the evaluation's (`niah` heldout: 1,000,000 + i)
 
 
@@ -327,7 +330,7 @@ def niah_finetune(a, work: Path, scaling: dict) -> Path:
             f.write(json.dumps({"messages": [{"role": "user", "content": task.prompt},
                                              {"role": "assistant", "content": needles.reference_reply(task).strip()}]}) + "\n")
     cfg = load_config(None, ["name=niah_ft", f"output_dir={work}", f"model.name={a.model}", "algo.name=sft", f"data.path={rows}",
-                             "data.packing=true", f"data.max_length={1331 * max(lengths) + 256}", "data.batch_size=2",
+                             "data.packing=true", f"data.max_length={HAYSTACK_TOKENS_PER_K * max(lengths) + 256}", "data.batch_size=2",
                              "data.heldout_fraction=0", f"train.steps={a.niah_ft_steps}", "train.micro_batch=1",
                              f"train.lr={a.niah_ft_lr}", f"train.save_every={a.niah_ft_steps}", "log.tensorboard=false",
                              "log.audit=false", f"model.rope_scaling={json.dumps(scaling)}"])
@@ -340,7 +343,8 @@ def niah_finetune(a, work: Path, scaling: dict) -> Path:
 def niah(a) -> dict:
     """Needle accuracy by length for each RoPE variant, through `longhaul eval --suite niah`: the model
     as it is, with YaRN, and (`--niah-ft-steps` > 0) after a short fine-tune on needles with YaRN."""
-    subs = [f"{a.niah_kind}_{k}k" for k in a.niah_lengths.split(",")]
+    lengths = [int(k) for k in a.niah_lengths.split(",")]
+    subs = [f"{a.niah_kind}_{k}k" for k in lengths]
     yarn = {"rope_type": "yarn", "factor": a.yarn_factor}
     variants = [("no scaling", None, a.model), (f"yarn x{a.yarn_factor:g}", yarn, a.model)]
     out = {}
@@ -350,7 +354,7 @@ def niah(a) -> dict:
         for name, scaling, model in variants:
             cmd = [sys.executable, "-m", "longhaul.cli", "eval", "--model", model, "--suite", "niah", "--subfamilies", ",".join(subs),
                    "--n", str(a.niah_n * len(subs)), "--max-new-tokens", "48", "--dtype", a.dtype, "--json",
-                   "--context-length", str(int(1331 * max(int(k) for k in a.niah_lengths.split(","))) + 512)]  # haystacks run ~1.2x long
+                   "--context-length", str(HAYSTACK_TOKENS_PER_K * max(lengths) + 512)]
             if scaling:
                 cmd += ["--rope-scaling", json.dumps(scaling)]
             t = time.perf_counter()
