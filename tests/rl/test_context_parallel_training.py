@@ -7,7 +7,8 @@ over three optimizer steps, its weights and metrics),
 over packed micro-batches
 of several documents (two micro-batches accumulated, one padded to the 2N chunks) and over a row
 whose loss tokens all sit on rank 0 (rank 1 still joins the backward). An SFT run with
-`train.context_parallel=2` trains like one process. And the one-line errors."""
+`train.context_parallel=2` trains like one process, and so do GRPO steps on two data-parallel
+replicas of a two-rank group. And the one-line errors."""
 
 import json
 
@@ -111,9 +112,9 @@ def _grpo_trainer(algo: AlgoConfig, attention: str | None):
     return GRPOTrainer(policy, tok.pad_token_id, algo, train, 1.0, 8, context=ContextGroup(attention) if attention else None)
 
 
-def _grpo_steps(trainer) -> tuple[list[dict], dict]:
-    """Metrics of three steps (every rank gets all the groups) and the weights after them."""
-    metrics = [trainer.step(groups) for groups in _batches()[:3]]
+def _grpo_steps(trainer, steps: int = 3) -> tuple[list[dict], dict]:
+    """Metrics of `steps` steps (every rank, or replica, gets all the groups) and the weights after them."""
+    metrics = [trainer.step(groups) for groups in _batches()[:steps]]
     return metrics, {n: p.detach().clone() for n, p in trainer.policy.named_parameters()}
 
 
@@ -166,14 +167,55 @@ def test_two_ranks_give_one_process_loss_and_gradients(tmp_path):
     assert not bad, f"over loss {TOL_LOSS:g} / gradients {TOL_GRAD:g}:\n" + "\n".join(bad)
     assert refused == "train.context_parallel splits each packed row over its processes; set data.packing=true"
     for case, (algo, _) in GRPO_CASES.items():  # GRPO: three optimizer steps, weights and metrics as one process's
-        ref_metrics, ref = _grpo_steps(_grpo_trainer(algo, None))
-        metrics, weights = got[(case, "grpo")]
-        worst = max((weights[n] - ref[n]).abs().max().item() for n in ref)
-        print(f"{case}: max parameter difference after 3 steps {worst:.2e}")
-        assert worst < 1e-5, f"{case}: max parameter difference {worst:.3g}"
-        for m, r in zip(metrics, ref_metrics):
-            for key in GRPO_KEYS:
-                assert m[key] == pytest.approx(r[key], rel=1e-5, abs=1e-7), (case, key)
+        _assert_grpo_equal(case, got[(case, "grpo")], _grpo_steps(_grpo_trainer(algo, None)))
+
+
+def _assert_grpo_equal(case: str, got: tuple[list[dict], dict], ref: tuple[list[dict], dict]) -> None:
+    """Split steps' (metrics, weights) against one process's: weights within 1e-5, metrics 1e-5 relative."""
+    (metrics, weights), (ref_metrics, ref) = got, ref
+    worst = max((weights[n] - ref[n]).abs().max().item() for n in ref)
+    print(f"{case}: max parameter difference after {len(metrics)} steps {worst:.2e}")
+    assert worst < 1e-5, f"{case}: max parameter difference {worst:.3g}"
+    for m, r in zip(metrics, ref_metrics, strict=True):
+        for key in GRPO_KEYS:
+            assert m[key] == pytest.approx(r[key], rel=1e-5, abs=1e-7), (case, key)
+
+
+def _replica_rank(rank: int, world: int, init: str, path: str, out) -> None:
+    """A rank of two data-parallel replicas of a two-rank context group: four GRPO steps per case."""
+    from longhaul.models import load_policy
+    from longhaul.rl.context_parallel.packed import grid
+    from longhaul.rl.grpo import GRPOTrainer
+    from longhaul.runtime.context_trainers import _Replica
+
+    torch.set_num_threads(1)
+    with _gloo_group(rank, world, init):
+        got = {}
+        for case, (algo, attention) in GRPO_CASES.items():
+            torch.manual_seed(0)
+            policy, tok = load_policy("tiny-llama")
+            context, replica, replicas = grid(attention, 2)
+            trainer = _Replica(GRPOTrainer(policy, tok.pad_token_id, algo, GRPO_TRAIN, 1.0, 8, context=context), replica, replicas)
+            got[case] = _grpo_steps(trainer, steps=4)
+        if rank == 0:
+            torch.save(got, path)
+            out.put("done")
+            out.close()
+            out.join_thread()
+
+
+def test_data_parallel_replicas_of_a_context_group_train_like_one_process(tmp_path):
+    """Four ranks, two replicas of a two-rank group (`grid`): each replica trains its half of a
+    step's groups (4, 4 with half at equal rewards, 3, and 1: replica 1 then has none but joins
+    the sums), every row split over its replica's two ranks. Four steps equal one process's."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    init, path = f"file://{tmp_path / 'rendezvous'}", str(tmp_path / "rank0.pt")
+    procs = [ctx.Process(target=_replica_rank, args=(r, 4, init, path, out)) for r in range(4)]
+    assert _started(procs, out, timeout=240) == "done"
+    got = torch.load(path)
+    for case, (algo, _) in GRPO_CASES.items():
+        _assert_grpo_equal(f"{case}, 2 replicas x 2 ranks", got[case], _grpo_steps(_grpo_trainer(algo, None), steps=4))
 
 
 def _sft_config(tmp_path, name: str, *more: str):
@@ -234,8 +276,12 @@ def test_bad_context_parallel_settings_get_one_line(tmp_path):
     check(unshared, splits=True)
     with pytest.raises(LonghaulError, match=r"^algo.loss=gspo weighs each token by its whole sequence's ratio"):
         check(unshared.model_copy(update={"algo": unshared.algo.model_copy(update={"loss": "gspo"})}), splits=True)
-    with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 does not combine with runtime.trainers"):
-        check(unshared.model_copy(update={"runtime": unshared.runtime.model_copy(update={"trainers": 2})}), splits=True)
+    check(unshared.model_copy(update={"runtime": unshared.runtime.model_copy(update={"trainers": 2})}), splits=True)
+    with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 keeps a full replica of the model on every rank, so its "
+                                            r"data-parallel replicas sum gradients like ddp, not runtime.data_parallel=fsdp2; "
+                                            r"set runtime.data_parallel=ddp$"):
+        check(unshared.model_copy(update={"runtime": unshared.runtime.model_copy(update={"trainers": 2, "data_parallel": "fsdp2"})}),
+              splits=True)
     with pytest.raises(LonghaulError, match=r"not a prompt shared by several completions; set train.share_prompt=false$"):
         document_ids(pack_shared([5, 6, 7], [[8, 9], [10, 11, 12]], pad_id=0))
 

@@ -231,6 +231,7 @@ def test_a_crashed_async_run_resumes_from_its_checkpoint_and_buffer(tmp_path, mo
     assert {u.split("/")[0] for u in taken if taken[u] >= 5} <= {"5.0e1", "6.0e1"}
 
 
+@pytest.mark.slow  # ~35 s: a follower process starts; tests/rl/test_distributed.py checks the maths fast
 def test_two_data_parallel_trainers_train_like_one(tmp_path, tiny_grpo_run, monkeypatch):
     import tempfile
 
@@ -246,11 +247,13 @@ def test_two_data_parallel_trainers_train_like_one(tmp_path, tiny_grpo_run, monk
     assert [r["reward"] for r in ra] == pytest.approx([r["reward"] for r in rb], abs=1e-6)
 
 
-@pytest.mark.slow  # ~40 s: a follower process starts twice; tests/rl/test_context_parallel_training.py checks the maths fast
-def test_a_grpo_run_split_over_two_processes_trains_and_resumes_like_one(tmp_path, tiny_grpo_run):
-    """train.context_parallel=2 (each (prompt, completion) row split by ring attention), two steps, then
-    resumed for two more (the follower reads the checkpoint): the weights of the plain run."""
-    split = [f"output_dir={tmp_path}", *QUIET, "train.context_parallel=2", "train.share_prompt=false"]
+@pytest.mark.slow  # ~40 s: followers start twice; tests/rl/test_context_parallel_training.py checks the maths fast
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_grpo_run_split_over_two_processes_trains_and_resumes_like_one(tmp_path, tiny_grpo_run, replicas):
+    """train.context_parallel=2 (each (prompt, completion) row split by ring attention), on one or two
+    data-parallel replicas (runtime.trainers), two steps, then resumed for two more (the followers
+    read the checkpoint): the weights of the plain run."""
+    split = [f"output_dir={tmp_path}", *QUIET, "train.context_parallel=2", "train.share_prompt=false", f"runtime.trainers={replicas}"]
     run_training(load_config(EXAMPLE, [*split, "train.steps=2"]))
     run_training(load_config(EXAMPLE, split), resume=True)
     a, b = _final(tiny_grpo_run), _final(tmp_path / "tiny_grpo")

@@ -80,13 +80,10 @@ def _weigh_negatives(adv: torch.Tensor, weight: float) -> torch.Tensor:
     return adv if weight == 1.0 else torch.where(adv < 0, adv * weight, adv)
 
 
-def check_context(algo: AlgoConfig, train: TrainConfig, data_parallel: bool = False) -> None:
+def check_context(algo: AlgoConfig, train: TrainConfig) -> None:
     """One-line errors for a GRPO run that cannot split its rows over a context-parallel group
     (the model's part: `context_parallel.packed.check_model`)."""
     n = train.context_parallel
-    if data_parallel:
-        raise LonghaulError(f"train.context_parallel={n} does not combine with runtime.trainers (data-parallel ranks) yet; "
-                            "set one of them to 1")
     if train.share_prompt:
         raise LonghaulError(f"train.context_parallel={n} splits each (prompt, completion) row over its processes, not a "
                             "prompt shared by a group's completions; set train.share_prompt=false")
@@ -103,15 +100,19 @@ class GRPOTrainer(OptimizerState):
         training forward and gradients go through dp's DDP or FSDP2 wrapper.
 
         context: a `context_parallel.packed.ContextGroup` when this is one rank of context-parallel
-        training: every rank gets all the groups, and each micro-batch's (prompt, completion) rows
-        are packed into one flat row split over the group (`ContextGroup.shard`). A rank's log-probs
-        cover the completion tokens its rows predict; the loss, its normalisers and the per-sequence
-        token counts are the whole batch's, so the ranks' losses sum to one process's, and so do
-        their gradients (`reduce_gradients`) and the metrics' sums."""
+        training: every rank of the group gets the same groups (all of them, or with data-parallel
+        replicas of the group its replica's share, the counts then summed over replicas), and each
+        micro-batch's (prompt, completion) rows are packed into one flat row split over the group
+        (`ContextGroup.shard`). A rank's log-probs cover the completion tokens its rows predict;
+        the loss, its normalisers and the per-sequence token counts are the whole batch's, so the
+        ranks' losses sum to one process's, and so do their gradients (`reduce_gradients`) and the
+        metrics' sums. Not both: a context group's replicas sum their gradients themselves."""
         self.policy, self.pad_id, self.algo, self.train_cfg, self.temperature = policy, pad_id, algo, train, temperature
         self.max_new_tokens, self.dp, self.context = max_new_tokens, dp, context
         if context is not None:
-            check_context(algo, train, dp is not None)
+            if dp is not None:
+                raise ValueError("GRPOTrainer: a context group's data-parallel replicas are its own (ContextGroup.data), not dp")
+            check_context(algo, train)
             context.check(policy)
         self.advantage_fn = ADVANTAGES.get_fn(algo.advantage)
         self.loss_fn = POLICY_LOSSES.get_fn(algo.loss)
@@ -135,6 +136,9 @@ class GRPOTrainer(OptimizerState):
         self.scheduler.load_state_dict(state["scheduler"])
 
     def _total(self, values: list[float]) -> list[float]:
+        """Counts of this rank's groups summed over data-parallel ranks (or context replicas)."""
+        if self.context is not None:
+            return self.context.total(values)
         return values if self.dp is None else self.dp.sum(values)
 
     def select(self, groups: list[list[Trajectory]]):
@@ -273,6 +277,8 @@ class GRPOTrainer(OptimizerState):
         max_len = max(self.max_new_tokens, max((len(c) for _, c in pairs), default=0))
         if self.dp is not None:
             max_len = int(self.dp.max(max_len))
+        elif self.context is not None:
+            max_len = int(self.context.maximum(max_len))
         chunks = self._units(pairs, sizes)  # none on a rank whose groups all had equal rewards
 
         ref_logps, t_ref = [], time.perf_counter()
@@ -319,7 +325,7 @@ class GRPOTrainer(OptimizerState):
             if not chunks:  # nothing to train on this rank; it still joins the gradient sync
                 self.dp.join()
             sums = dict(zip(sums, self.dp.sum(list(sums.values()))))
-        if self.context is not None:  # every rank ran every chunk, each on its own tokens
+        if self.context is not None:  # every rank of a group ran its chunks, each on its own tokens
             self.context.reduce_gradients(self.params)
             sums = dict(zip(sums, self.context.sum_all(list(sums.values()))))
         grad_norm = clip_and_step(self.params, self.optimizer, self.scheduler, self.train_cfg.grad_clip, sums["loss"])

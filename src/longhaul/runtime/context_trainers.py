@@ -10,10 +10,14 @@ the same optimizer step on the gradient summed over the group, so the weights st
 every rank and rank 0's are the run's. The followers start from rank 0's
 trainable weights (broadcast once); on resume each reads the checkpoint rank 0 resumes from.
 
+An online GRPO run may also set `runtime.trainers: D` (data parallel): the process group then
+holds D replicas of the context group, N * D processes (`context_parallel.packed.grid`), and each
+replica trains its contiguous share of the step's groups (`rl.distributed.shard`), as data-parallel
+trainers do; every rank's gradient enters the one sum, so the replicas stay equal too.
+
 Owns the followers' loop, the commands rank 0 sends them, and the checks of a run's config and
 model (`check`) before any process starts. Not owned here: the split and its maths
-(`rl.context_parallel.packed`), data-parallel trainers (`runtime.trainers`, online GRPO; not yet
-combined with this).
+(`rl.context_parallel.packed`), data-parallel trainers without a context split (`runtime.trainers`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from longhaul.malloc import keep_freed_memory
 from longhaul.models import load_policy
 from longhaul.models.lora import apply_lora
 from longhaul.rl.checkpoint import load_trainer_state, load_weights
-from longhaul.rl.context_parallel.packed import ContextGroup, check_model
+from longhaul.rl.distributed import shard
+from longhaul.rl.context_parallel.packed import check_model, grid
 from longhaul.rl.dpo import DPOTrainer
 from longhaul.rl.grpo import GRPOTrainer
 from longhaul.rl.grpo import check_context as check_grpo
@@ -48,7 +53,11 @@ def check(cfg: RunConfig, splits: bool, policy=None) -> None:
         raise LonghaulError(f"train.context_parallel={n} splits packed SFT rows, DPO answers and GRPO's (prompt, completion) rows; "
                             f"algo.name={cfg.algo.name} does not take it; set train.context_parallel=1")
     if cfg.algo.name == "grpo":
-        check_grpo(cfg.algo, cfg.train, cfg.runtime.trainers > 1)
+        check_grpo(cfg.algo, cfg.train)
+        if cfg.runtime.trainers > 1 and cfg.runtime.data_parallel != "ddp":
+            raise LonghaulError(f"train.context_parallel={n} keeps a full replica of the model on every rank, so its "
+                                f"data-parallel replicas sum gradients like ddp, not runtime.data_parallel="
+                                f"{cfg.runtime.data_parallel}; set runtime.data_parallel=ddp")
     elif not cfg.data.packing:
         raise LonghaulError(f"train.context_parallel={n} splits each packed row over {n} processes; set data.packing=true")
     if policy is not None:
@@ -62,16 +71,30 @@ def _trainer(cfg: RunConfig, policy, tok, items: list | None):
         for p in policy.parameters():
             if p.requires_grad:  # the rest comes from the same file (or seed) on every rank
                 dist.broadcast(p.data, src=0)
-    context = ContextGroup(cfg.train.context_attention)
-    if cfg.algo.name == "grpo":  # every rank gets all the groups of each step
-        return GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
-                           context=context)
+    context, replica, replicas = grid(cfg.train.context_attention, cfg.train.context_parallel)
+    if cfg.algo.name == "grpo":  # every rank of a context group gets its replica's share of each step's groups
+        return _Replica(GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature,
+                                    cfg.rollout.max_new_tokens, context=context), replica, replicas)
     if cfg.algo.name == "dpo":
         box = [items]
         dist.broadcast_object_list(box, src=0)
         return DPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, box[0], context=context)
     return SFTTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.data.packing, cfg.data.pack_length or cfg.data.max_length,
                       context=context)
+
+
+class _Replica:
+    """A GRPO trainer of one data-parallel replica: `step` gets every group of a step and trains
+    the replica's share (all of them when the context group is the only one)."""
+
+    def __init__(self, trainer: GRPOTrainer, index: int, count: int):
+        self.trainer, self.index, self.count = trainer, index, count
+
+    def step(self, groups: list) -> dict:
+        return self.trainer.step(shard(groups, self.count)[self.index])
+
+    def __getattr__(self, name):
+        return getattr(self.trainer, name)
 
 
 def _follower(rank: int, world: int, init: str, cfg_json: str, threads: int) -> None:
@@ -104,10 +127,10 @@ def _follower(rank: int, world: int, init: str, cfg_json: str, threads: int) -> 
 
 
 class ContextParallelTrainer:
-    """Rank 0's SFT or DPO trainer of a context-parallel run; the other ranks run in child processes."""
+    """Rank 0's SFT, DPO or GRPO trainer of a context-parallel run; the other ranks run in child processes."""
 
     def __init__(self, cfg: RunConfig, policy, tok, items: list | None = None):
-        self.world = cfg.train.context_parallel
+        self.world = cfg.train.context_parallel * cfg.runtime.trainers
         check_model(policy, self.world, cfg.train.context_attention)  # here, before any process starts
         self.threads = cfg.threads or max(1, torch.get_num_threads() // self.world)  # the ranks share the cores
         self.followers = Followers(self.world, "context-parallel trainer")

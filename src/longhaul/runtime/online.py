@@ -110,10 +110,10 @@ def _run_training(cfg: RunConfig, resume: bool, prep, run_dir: Path, ckpt) -> di
     t = cfg.train
     if t.lora_r:
         policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
-    if cfg.runtime.trainers > 1:  # data-parallel ranks in child processes; this one is rank 0
-        trainer = ShardedTrainer(cfg, policy, tok, ckpt)
-    elif cfg.train.context_parallel > 1:  # every row split over ranks in child processes; this one is rank 0
+    if cfg.train.context_parallel > 1:  # rows split over ranks (of each data-parallel replica) in child processes; this is rank 0
         trainer = ContextParallelTrainer(cfg, policy, tok)
+    elif cfg.runtime.trainers > 1:  # data-parallel ranks in child processes; this one is rank 0
+        trainer = ShardedTrainer(cfg, policy, tok, ckpt)
     else:
         trainer = online_builder(cfg.algo.name)(cfg, policy, tok)
     source = ScheduledTasks(prep.scheduler) if prep.scheduler is not None else TaskStream(prep.train_tasks)

@@ -3,15 +3,18 @@
 Owns `ContextGroup`: one rank's place in the group, what it does to a `packed_forward.PackedBatch`
 (`shard`: this rank's zigzag share of the flat row, its tokens, in-document positions for RoPE,
 document ids and the completion tokens it predicts), the step's collectives (`reduce_gradients`,
-`sum`, `sum_rows`) and the checks of a split (`check_model`, `check_split`). `ContextShard` rides in the sharded batch and is the attention `packed_forward.hidden_states`
-calls in place of its own (`ring` or `ulysses`, by name); everything else in the forward
-(embeddings, norms, projections, MLP, the LM head) runs on the local rows unchanged.
+`sum`, `sum_rows`, `total`), the layout of data-parallel replicas of a group (`grid`) and the
+checks of a split (`check_model`, `check_split`). `ContextShard` rides in the sharded batch and is
+the attention `packed_forward.hidden_states` calls in place of its own (`ring` or `ulysses`, by
+name); everything else in the forward (embeddings, norms, projections, MLP, the LM head) runs on
+the local rows unchanged.
 
 How the sums come out equal to one process's: each rank's log-probs are those of the completion
 tokens it holds (the sharded batch's mask is 1 there only), so a loss summed over tokens and
 divided by a batch-wide count is, summed over ranks, the whole batch's. Every rank holds its
 parameters' gradients from its own rows (ring / Ulysses send the K/V gradients back to the ranks
-that own those rows), so the whole batch's gradient is their sum over the group.
+that own those rows), so the whole batch's gradient is their sum over the group. With replicas,
+each training other rows under the same batch-wide normalisers, it is the sum over every rank.
 
 Every rank must run the backward, even one that predicts no token: attention's backward is a
 collective. It does, since its (empty) log-probs still hang off the hidden states.
@@ -64,12 +67,18 @@ def document_ids(b: PackedBatch) -> torch.Tensor:
 
 
 class ContextGroup:
-    """One rank of a context-parallel group: every packed row is split over its N ranks."""
+    """One rank of a context-parallel group: every packed row is split over its N ranks.
 
-    def __init__(self, attention: str = "ring", group=None):
+    group: the ranks that split each row (None: every rank). data: where the process group holds
+    several such groups as data-parallel replicas, each training its own share of a step's rows,
+    the ranks at this one's place in every replica (`grid`); gradients and metric sums then run
+    over every rank, and `total` sums the batch-wide counts over `data`."""
+
+    def __init__(self, attention: str = "ring", group=None, data=None):
         self.attend = CONTEXT_ATTENTION.get_fn(attention)
-        self.attention, self.group = attention, group
+        self.attention, self.group, self.data = attention, group, data
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.everyone = None if data is not None else group  # whose gradients make the step's
 
     def check(self, model) -> None:
         """A one-line error when the model cannot be split over this group."""
@@ -112,7 +121,7 @@ class ContextGroup:
                 size += grads[end].numel()
                 end += 1
             flat = torch.cat([g.reshape(-1) for g in grads[start:end]])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.everyone)
             for g, part in zip(grads[start:end], flat.split([g.numel() for g in grads[start:end]])):
                 g.copy_(part.view_as(g))
             start = end
@@ -126,14 +135,40 @@ class ContextGroup:
         return part + (whole - part.detach())
 
     def sum(self, value: float) -> float:
-        """A number summed over the group (each rank's share of a loss -> the batch's loss)."""
+        """A number summed over the ranks (each rank's share of a loss -> the batch's loss)."""
         return self.sum_all([value])[0]
 
     def sum_all(self, values: list[float]) -> list[float]:
-        """Each number summed over the group, in one message."""
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
-        return t.tolist()
+        """Each number summed over the ranks (every replica's too), in one message."""
+        return _reduce(values, dist.ReduceOp.SUM, self.everyone)
+
+    def total(self, values: list[float]) -> list[float]:
+        """Counts of this replica's rows (the same on each of its ranks) summed over the replicas."""
+        return values if self.data is None else _reduce(values, dist.ReduceOp.SUM, self.data)
+
+    def maximum(self, value: float) -> float:
+        """The largest of the replicas' values."""
+        return value if self.data is None else _reduce([value], dist.ReduceOp.MAX, self.data)[0]
+
+
+def _reduce(values: list[float], op, group) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=op, group=group)
+    return t.tolist()
+
+
+def grid(attention: str, context: int) -> tuple[ContextGroup, int, int]:
+    """This rank's `ContextGroup` when the process group is data-parallel replicas of `context`
+    ranks each (rank = replica * context + place), with the replica's index and their number.
+    Every rank creates every subgroup, in the same order, as torch.distributed requires."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    replicas = world // context
+    if replicas == 1:
+        return ContextGroup(attention), 0, 1
+    splits = [dist.new_group(list(range(r * context, (r + 1) * context))) for r in range(replicas)]
+    places = [dist.new_group(list(range(c, world, context))) for c in range(context)]
+    replica, place = divmod(rank, context)
+    return ContextGroup(attention, splits[replica], places[place]), replica, replicas
 
 
 def check_split(heads: int, world: int, attention: str) -> None:
