@@ -1,5 +1,6 @@
 """Tiled attention over packed rows against SDPA with the packed layout's dense mask, forward and
-backward, fp32 and bf16, on ragged rows (queries fewer than keys, a row of one query)."""
+backward, fp32 and bf16, on ragged rows (queries fewer than keys, a row of one query); long whole
+rows through SDPA's causal kernel instead, checked the same way."""
 
 import pytest
 import torch
@@ -56,6 +57,36 @@ def test_long_rows_skip_the_dense_mask_and_attend_alike(monkeypatch):
     dense = packed_sdpa(q, k, v, b.q_len, b.kv_len, g, packed_forward._dense_mask(b, g, torch.float32))
     tiled = packed_sdpa(q, k, v, b.q_len, b.kv_len, g, None)
     assert ((dense - tiled) * real.float()).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 0.06)])
+def test_long_whole_rows_take_the_causal_kernel_and_shared_prompts_the_tiles(monkeypatch, dtype, tol):
+    """Past the dense mask's bound, rows whose every key is a query (pack_pairs: three rows of
+    299, 86 and 209 tokens, padded) go to SDPA's causal kernel, a shared prompt's rows (queries
+    fewer than keys) to the tiles; each equals fp64 SDPA with the packed mask on the real
+    queries, forward and backward."""
+    monkeypatch.setattr(tiled_attention, "DENSE_ELEMENTS", 0)
+    calls = []
+    for name in ("causal_rows", "tiled_attention"):
+        real_fn = getattr(tiled_attention, name)
+        monkeypatch.setattr(tiled_attention, name, lambda *a, _f=real_fn, _n=name: calls.append(_n) or _f(*a))
+    hkv, g, d = 2, 3, 16
+    for b, path in ((packed_forward.pack_pairs(PAIRS, 0), "causal_rows"),
+                    (packed_forward.pack_shared(list(range(40)), [list(range(30)), list(range(7))], 0), "tiled_attention")):
+        q, k, v, go, real = _inputs(b, hkv, g, d, dtype)
+        ref = F.scaled_dot_product_attention(*(t.requires_grad_() for t in (q, k, v)),
+                                             attn_mask=packed_forward._dense_mask(b, g, torch.float64))
+        want = torch.autograd.grad((ref * go * real).sum(), (q, k, v))
+        q_, k_, v_ = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+        calls.clear()
+        out = packed_sdpa(q_, k_, v_, b.q_len, b.kv_len, g, packed_forward._sdpa_mask(b, g, dtype))
+        assert calls == [path] and out.dtype == dtype
+        got = torch.autograd.grad((out.double() * go * real).sum(), (q_, k_, v_))
+        err = ((out.double() - ref.detach()) * real).abs().max().item()
+        assert err < tol, f"{path}: output differs by {err}"
+        for name, a, w in zip("qkv", got, want):
+            e = (a.double() - w).abs().max().item() / max(1.0, w.abs().max().item())
+            assert e < tol, f"{path}: d{name} differs by {e} (relative to its largest entry)"
 
 
 def test_packed_logprobs_with_tiles_equal_the_dense_path(monkeypatch):

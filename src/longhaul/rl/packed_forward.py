@@ -67,7 +67,6 @@ class PackedBatch:
     positions: torch.Tensor  # (N,) position of each row within its sequence
     q_index: torch.Tensor  # (R, Tq) flat rows queried by each attention row (pads point at row 0)
     kv_index: torch.Tensor  # (R, Lk) flat rows each attention row attends over, in position order
-    attn_mask: torch.Tensor  # (R, 1, Tq, Lk) True = attend (a pad query sees key 0 only: no empty softmax)
     out_index: torch.Tensor  # (N,) where each flat row's output sits in the (R * Tq) padded queries
     pick: torch.Tensor  # (M,) flat row whose state predicts each completion token, M = all completion tokens
     pick_slot: torch.Tensor  # (M,) that token's slot in the (B * T) completion grid
@@ -91,13 +90,13 @@ def supports(model) -> bool:
 
 
 def _layout(rows: list[tuple[list[int], int]], n: int):
-    """Attention rows (kv flat rows in position order, number of trailing queries) -> index tensors."""
+    """Attention rows (kv flat rows in position order, number of trailing queries) -> index tensors;
+    query j of a row of t queries over L keys sits at key position L - t + j and sees keys 0 .. L - t + j
+    (the mask itself is made only where SDPA needs it: `_allowed`)."""
     rows = [(kv, t) for kv, t in rows if t > 0]
     R, Tq, Lk = len(rows), max(t for _, t in rows), max(len(kv) for kv, _ in rows)
     q_index = torch.zeros((R, Tq), dtype=torch.long)
     kv_index = torch.zeros((R, Lk), dtype=torch.long)
-    mask = torch.zeros((R, 1, Tq, Lk), dtype=torch.bool)
-    mask[:, :, :, 0] = True
     out_index = torch.full((n,), -1, dtype=torch.long)
     q_len = torch.tensor([t for _, t in rows], dtype=torch.long)
     kv_len = torch.tensor([len(kv) for kv, _ in rows], dtype=torch.long)
@@ -106,10 +105,8 @@ def _layout(rows: list[tuple[list[int], int]], n: int):
         kv_index[r, :L] = torch.tensor(kv)
         q_index[r, :t] = torch.tensor(kv[L - t:])
         out_index[torch.tensor(kv[L - t:])] = r * Tq + torch.arange(t)
-        # query j sits at key position L - t + j and sees keys 0 .. L - t + j
-        mask[r, 0, :t, :L] = torch.arange(L)[None, :] <= (L - t + torch.arange(t))[:, None]
     assert (out_index >= 0).all(), "every flat row must be queried exactly once"
-    return q_index, kv_index, mask, out_index, q_len, kv_len
+    return q_index, kv_index, out_index, q_len, kv_len
 
 
 def _completion_grid(completions: list[list[int]], picks: list[list[int]], pad_id: int):
@@ -128,9 +125,9 @@ def _completion_grid(completions: list[list[int]], picks: list[list[int]], pad_i
 
 
 def _batch(ids: list[int], pos: list[int], rows, completions: list[list[int]], picks: list[list[int]], pad_id: int) -> PackedBatch:
-    q_index, kv_index, mask, out_index, q_len, kv_len = _layout(rows, len(ids))
+    q_index, kv_index, out_index, q_len, kv_len = _layout(rows, len(ids))
     pick, slot, targets, cmask = _completion_grid(completions, picks, pad_id)
-    return PackedBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long), q_index, kv_index, mask,
+    return PackedBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(pos, dtype=torch.long), q_index, kv_index,
                        out_index, pick, slot, targets, cmask, q_len, kv_len)
 
 
@@ -201,13 +198,25 @@ def _sdpa_mask(b: PackedBatch, g: int, dtype: torch.dtype) -> torch.Tensor | Non
     an additive float mask (0 / -inf), made once a forward: given the boolean one, SDPA
     converts it again in every layer's forward and backward (~0.1 s a GRPO step). None when the
     dense mask would be large (`tiled_attention.worth_tiling`): then attention runs in tiles."""
-    R, _, Tq, Lk = b.attn_mask.shape
+    (R, Tq), Lk = b.q_index.shape, b.kv_index.shape[1]
     return None if worth_tiling(R, g * Tq, Lk) else _dense_mask(b, g, dtype)
 
 
+def _allowed(b: PackedBatch) -> torch.Tensor:
+    """(R, 1, Tq, Lk) True = attend: each real query sees its row's keys up to its own position
+    (`_layout`); a pad query sees key 0 only (no empty softmax)."""
+    Tq, Lk = b.q_index.shape[1], b.kv_index.shape[1]
+    qpos = (b.kv_len - b.q_len)[:, None] + torch.arange(Tq)[None, :]
+    real = torch.arange(Tq)[None, :] < b.q_len[:, None]
+    ok = (torch.arange(Lk)[None, None, :] <= qpos[:, :, None]) & real[:, :, None]
+    ok[:, :, 0] = True
+    return ok[:, None]
+
+
 def _dense_mask(b: PackedBatch, g: int, dtype: torch.dtype) -> torch.Tensor:
-    R, _, Tq, Lk = b.attn_mask.shape
-    allowed = b.attn_mask.expand(R, g, Tq, Lk).reshape(R, 1, g * Tq, Lk)
+    allowed = _allowed(b)
+    R, _, Tq, Lk = allowed.shape
+    allowed = allowed.expand(R, g, Tq, Lk).reshape(R, 1, g * Tq, Lk)
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
 
 

@@ -2,7 +2,8 @@
 with a backward that recomputes the probabilities: memory linear in the sequence length.
 
 Owns `tiled_attention(q, k, v, q_len, kv_len, g)`, when the packed forward uses it
-(`worth_tiling`) and the choice itself (`packed_sdpa`). Does not own the layout
+(`worth_tiling`) and the choice itself (`packed_sdpa`), which hands rows whose every key is also
+a query (SFT rows, unshared GRPO rows: plain causal attention) to SDPA's causal kernel instead. Does not own the layout
 (`packed_forward.PackedBatch`: row r holds q_len[r] queries, the last ones of its kv_len[r] keys,
 query j at key position kv_len - q_len + j) or the block arithmetic shared with context
 parallelism (`context_parallel.blocks`).
@@ -15,6 +16,10 @@ half the score flops of the dense mask), the softmax is exact over that span (on
 online merge needed), and only q, k, v, the output and the log-sum-exp are kept: the backward
 recomputes each tile's probabilities from the log-sum-exp, as FlashAttention does. Below the
 threshold SDPA stays: its fused CPU kernel is as fast or faster there (docs/results/training.md).
+Where every row is a whole causal sequence (q_len == kv_len), no mask is needed at all and SDPA's
+`is_causal` kernel (FlashAttention's blocking on CPU, its memory linear in the row too) does the
+tiles' work with fewer passes; the tiles remain for rows whose queries are only their last keys
+(a prompt shared by several completions).
 
 Numerics: matmuls in the inputs' dtype (under autocast, q, k and v in the autocast dtype, the
 function itself run outside autocast so that the backward recomputes exactly the forward's
@@ -41,10 +46,31 @@ def worth_tiling(R: int, gtq: int, lk: int) -> bool:
 
 def packed_sdpa(qp, kp, vp, q_len: torch.Tensor, kv_len: torch.Tensor, g: int, mask: torch.Tensor | None) -> torch.Tensor:
     """Attention over the packed rows: SDPA with the dense mask, or with none (the caller found the
-    rows long: `worth_tiling`) a tile at a time. Shapes as `tiled_attention`."""
-    if mask is None:
-        return tiled_attention(qp, kp, vp, q_len, kv_len, g)
-    return F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
+    rows long: `worth_tiling`) SDPA's causal kernel over whole sequences, else a tile at a time.
+    Shapes as `tiled_attention`."""
+    if mask is not None:
+        return F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask)
+    if torch.equal(q_len, kv_len):
+        return causal_rows(qp, kp, vp, g)
+    return tiled_attention(qp, kp, vp, q_len, kv_len, g)
+
+
+def _attention_dtype(q: torch.Tensor, v: torch.Tensor) -> torch.dtype:
+    """Under autocast its dtype (RoPE hands over fp32 q, k beside a bf16 v), else the inputs'."""
+    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.promote_types(q.dtype, v.dtype)
+
+
+def causal_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: int) -> torch.Tensor:
+    """`tiled_attention` where every row's queries are all its keys (q_len == kv_len, so Tq == Lk):
+    query j sees keys 0 .. j, which is SDPA's `is_causal`. A shorter row's pad queries come after
+    its real ones and see only its pad keys besides them; their outputs are never used."""
+    R, hkv, gtq, d = q.shape
+    dt = _attention_dtype(q, v)
+    q, k, v = (t.to(dt) for t in (q, k, v))
+    with torch.autocast("cpu", enabled=False):  # its inputs already in the dtype it attends in
+        out = F.scaled_dot_product_attention(q.reshape(R, hkv * g, gtq // g, d), k.repeat_interleave(g, 1),
+                                             v.repeat_interleave(g, 1), is_causal=True)
+    return out.view(R, hkv, gtq, d)
 
 
 def _query_positions(q_len: torch.Tensor, kv_len: torch.Tensor, tq: int) -> torch.Tensor:
@@ -124,8 +150,8 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: to
     the packed rows' causal mask (`packed_forward._layout`), on the real queries."""
     R, hkv, gtq, d = q.shape
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    dt = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.promote_types(q.dtype, v.dtype)
-    q, k, v = (t.to(dt) for t in (q, k, v))  # under autocast RoPE hands over fp32 q, k beside a bf16 v
+    dt = _attention_dtype(q, v)
+    q, k, v = (t.to(dt) for t in (q, k, v))
     with torch.autocast("cpu", enabled=False):
         out = _TiledAttention.apply(q.reshape(R, hkv, g, gtq // g, d), k, v, q_len.to(q.device), kv_len.to(q.device), scale)
     return out.view(R, hkv, gtq, d)

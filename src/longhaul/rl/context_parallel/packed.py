@@ -101,8 +101,8 @@ class ContextGroup:
         pick, slot = local[b.pick[held]], b.pick_slot[held]
         mask = torch.zeros_like(b.mask).view(-1).index_copy_(0, slot, b.mask.view(-1)[slot]).view(b.mask.shape)
         empty = torch.empty(0, dtype=torch.long)  # the single-process attention layout: unused here
-        return replace(b, input_ids=ids, positions=pos, q_index=empty, kv_index=empty, attn_mask=empty.bool(),
-                       out_index=empty, pick=pick, pick_slot=slot, mask=mask, q_len=empty, kv_len=empty,
+        return replace(b, input_ids=ids, positions=pos, q_index=empty, kv_index=empty, out_index=empty,
+                       pick=pick, pick_slot=slot, mask=mask, q_len=empty, kv_len=empty,
                        context=ContextShard(self.attend, doc, self.group))
 
     def reduce_gradients(self, params) -> None:
