@@ -1,5 +1,6 @@
 """Context-parallel attention (`longhaul.rl.context_parallel`) against plain attention over the
-whole row in fp64: 2, 3 and 4 gloo ranks, ring and Ulysses, causal and packed rows, MHA and GQA;
+whole row in fp64: 2, 3 and 4 gloo ranks, ring and Ulysses, causal and packed rows (documents, and
+prompts shared by several completions), MHA and GQA;
 the output, the log-sum-exp and dq / dk / dv (the loss reaches both out and lse), each block
 whole and in tiles of a few query rows. The zigzag
 layout helpers, and the one-line errors for shapes the world size does not divide."""
@@ -13,24 +14,39 @@ import torch.multiprocessing as mp
 
 from longhaul.errors import LonghaulError
 from longhaul.rl.context_parallel import blocks
-from longhaul.rl.context_parallel import (CONTEXT_ATTENTION, document_positions, zigzag_gather, zigzag_positions,
+from longhaul.rl.context_parallel import (CONTEXT_ATTENTION, document_positions, mask_ids, zigzag_gather, zigzag_positions,
                                           zigzag_shard, zigzag_unshard)
 from tests.rl.test_distributed import _gloo_group, _started
 
 B, HQ, T, D = 2, 12, 48, 8  # 48 tokens: 2N equal zigzag chunks for N = 2, 3 and 4; 12 heads divide by each
 DOCS = ((5, 17, 1, 13, 12), (20, 28))  # document lengths of each packed row: they cross chunk and rank boundaries
-CASES = {"causal": (12, False), "causal gqa": (3, False), "packed": (12, True), "packed gqa": (4, True)}  # (Hkv, packed)
+# shared prompts: which document each document also sees (-1: none): row 0 a prompt of 5 tokens with
+# completions of 17 and 1, then a prompt of 13 with one of 12; row 1 a prompt of 20 with one of 28
+SEEN = ((-1, 0, 0, -1, 3), (-1, 0))
+CASES = {"causal": (12, None), "causal gqa": (3, None), "packed": (12, "docs"), "packed gqa": (4, "docs"),
+         "shared prompts": (4, "shared")}  # (Hkv, layout)
 # fp32 shards against the fp64 whole row (measured: at most 2.4e-6). Ulysses repeats K/V heads N does not
 # divide: Hkv = 3 on 2 and 4 ranks, Hkv = 4 on 3 ranks
 TOL = {"out": 1e-5, "lse": 1e-5, "dq": 3e-5, "dk": 3e-5, "dv": 3e-5}
 
 
-def _inputs(hkv: int, packed: bool):
-    """q (B, HQ, T, D), k, v (B, hkv, T, D), doc ids (B, T) or None, and the loss's weights on out and lse."""
-    g = torch.Generator().manual_seed(hkv * 2 + packed)
+def _inputs(hkv: int, layout: str | None):
+    """q (B, HQ, T, D), k, v (B, hkv, T, D), mask ids (B, T) or None, and the loss's weights on out and lse."""
+    g = torch.Generator().manual_seed(hkv * 2 + (layout is not None))
     q, k, v, dout = (torch.randn(B, h, T, D, generator=g) for h in (HQ, hkv, hkv, HQ))
-    doc = torch.stack([torch.repeat_interleave(torch.arange(len(n)), torch.tensor(n)) for n in DOCS]) if packed else None
+    doc = None
+    if layout is not None:
+        doc = torch.stack([torch.repeat_interleave(torch.arange(len(n)), torch.tensor(n)) for n in DOCS])
+        if layout == "shared":
+            doc = mask_ids(doc, torch.stack([torch.tensor(seen)[d] for seen, d in zip(SEEN, doc)]))
     return q, k, v, doc, dout, torch.randn(B, HQ, T, generator=g)
+
+
+def _sees(doc: torch.Tensor) -> torch.Tensor:
+    """(B, T, T) which key each query's document sees besides its own, from the test's own tables."""
+    own = doc % blocks.SEES
+    seen = torch.stack([torch.tensor(s)[d] for s, d in zip(SEEN, own)]) if (doc >= blocks.SEES).any() else torch.full_like(own, -1)
+    return seen[:, :, None] == own[:, None, :]
 
 
 def _reference(q, k, v, doc, dout, dlse) -> dict:
@@ -41,7 +57,7 @@ def _reference(q, k, v, doc, dout, dlse) -> dict:
     pos = torch.arange(T)
     ok = (pos[None, :] <= pos[:, None])[None, None]
     if doc is not None:
-        ok = ok & (doc[:, :, None] == doc[:, None, :])[:, None]
+        ok = ok & ((doc[:, :, None] == doc[:, None, :]) | _sees(doc))[:, None]
     s = s.masked_fill(~ok, float("-inf"))
     lse = s.logsumexp(-1)
     out = s.softmax(-1) @ v.repeat_interleave(g, 1)
@@ -79,8 +95,8 @@ def _rank(rank: int, world: int, out) -> None:
         for tile, label in ((blocks.TILE_SCORES, ""), (64, " tiled")):  # 64 scores: blocks of a few query rows a tile
             blocks.TILE_SCORES = tile
             for method, attend in CONTEXT_ATTENTION.items():
-                for case, (hkv, packed) in CASES.items():
-                    inputs = _inputs(hkv, packed)
+                for case, (hkv, layout) in CASES.items():
+                    inputs = _inputs(hkv, layout)
                     got = _parallel(attend, rank, world, *inputs)
                     if rank == 0:
                         ref = _reference(*inputs)

@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 
 from longhaul.config import AlgoConfig, TrainConfig, load_config
 from longhaul.errors import LonghaulError
+from longhaul.rl.context_parallel.blocks import SEES
 from longhaul.rl.context_parallel.packed import check_split, document_ids
 from longhaul.rl import packed_forward
 from longhaul.rl.packed_forward import CHECKPOINT_ROWS, pack_shared
@@ -94,22 +95,24 @@ def _dpo_trainer(loss: str, attention: str | None):
 
 
 # GRPO: a KL term and clip-higher over three steps, token-mean by ring; per-sequence means (their
-# whole rows' token counts, not a rank's share) by Ulysses
-GRPO_CASES = {"grpo token-mean ring": (AlgoConfig(kl_coef=0.04, clip_low=0.2, clip_high=0.28), "ring"),
-              "grpo seq-mean ulysses": (AlgoConfig(kl_coef=0.04, aggregation="seq-mean-token-mean"), "ulysses")}
+# whole rows' token counts, not a rank's share) by Ulysses; a group's prompt once in the row it
+# shares with its completions (train.share_prompt), by ring. (algo, attention, share_prompt)
+GRPO_CASES = {"grpo token-mean ring": (AlgoConfig(kl_coef=0.04, clip_low=0.2, clip_high=0.28), "ring", False),
+              "grpo seq-mean ulysses": (AlgoConfig(kl_coef=0.04, aggregation="seq-mean-token-mean"), "ulysses", False),
+              "grpo shared prompt ring": (AlgoConfig(kl_coef=0.04, clip_low=0.2, clip_high=0.28), "ring", True)}
 GRPO_TRAIN = TrainConfig(lr=1e-3, micro_batch=2, autocast="none", grad_clip=1.0, share_prompt=False, context_parallel=2)
 GRPO_KEYS = ("reward", "num_trained_seqs", "num_tokens", "kl", "loss", "grad_norm", "entropy", "clip_ratio/region_mean")
 
 
-def _grpo_trainer(algo: AlgoConfig, attention: str | None):
+def _grpo_trainer(algo: AlgoConfig, share: bool, context=None):
+    """One rank's GRPO trainer of a `context` group (a `ContextGroup`), or with None one process's."""
     from longhaul.models import load_policy
-    from longhaul.rl.context_parallel.packed import ContextGroup
     from longhaul.rl.grpo import GRPOTrainer
 
     torch.manual_seed(0)
     policy, tok = load_policy("tiny-llama")
-    train = GRPO_TRAIN if attention else GRPO_TRAIN.model_copy(update={"context_parallel": 1})
-    return GRPOTrainer(policy, tok.pad_token_id, algo, train, 1.0, 8, context=ContextGroup(attention) if attention else None)
+    train = GRPO_TRAIN.model_copy(update={"share_prompt": share, "context_parallel": 1 if context is None else 2})
+    return GRPOTrainer(policy, tok.pad_token_id, algo, train, 1.0, 8, context=context)
 
 
 def _grpo_steps(trainer, steps: int = 3) -> tuple[list[dict], dict]:
@@ -119,6 +122,8 @@ def _grpo_steps(trainer, steps: int = 3) -> tuple[list[dict], dict]:
 
 
 def _rank(rank: int, world: int, init: str, path: str, out) -> None:
+    from longhaul.rl.context_parallel.packed import ContextGroup
+
     torch.set_num_threads(1)
     with _gloo_group(rank, world, init):
         got = {(case, name): _gradients(_trainer(attention, lora), rows)
@@ -127,7 +132,8 @@ def _rank(rank: int, world: int, init: str, path: str, out) -> None:
         packed_forward.CHECKPOINT_ROWS = 8  # every shard of "several" recomputes: collectives inside the backward
         got |= {(case, "several"): _gradients(_trainer(attention, False), _rows()["several"]) for case, attention in RECOMPUTED.items()}
         packed_forward.CHECKPOINT_ROWS = CHECKPOINT_ROWS
-        got |= {(case, "grpo"): _grpo_steps(_grpo_trainer(algo, attention)) for case, (algo, attention) in GRPO_CASES.items()}
+        got |= {(case, "grpo"): _grpo_steps(_grpo_trainer(algo, share, ContextGroup(attention)))
+                for case, (algo, attention, share) in GRPO_CASES.items()}
         try:
             _trainer("ring", False, packing=False)
             refused = ""
@@ -166,16 +172,19 @@ def test_two_ranks_give_one_process_loss_and_gradients(tmp_path):
     print("context_parallel=2 against one process:\n" + "\n".join(lines))
     assert not bad, f"over loss {TOL_LOSS:g} / gradients {TOL_GRAD:g}:\n" + "\n".join(bad)
     assert refused == "train.context_parallel splits each packed row over its processes; set data.packing=true"
-    for case, (algo, _) in GRPO_CASES.items():  # GRPO: three optimizer steps, weights and metrics as one process's
-        _assert_grpo_equal(case, got[(case, "grpo")], _grpo_steps(_grpo_trainer(algo, None)))
+    for case, (algo, _, share) in GRPO_CASES.items():  # GRPO: three optimizer steps, weights and metrics as one process's
+        _assert_grpo_equal(case, got[(case, "grpo")], _grpo_steps(_grpo_trainer(algo, share)))
 
 
 def _assert_grpo_equal(case: str, got: tuple[list[dict], dict], ref: tuple[list[dict], dict]) -> None:
-    """Split steps' (metrics, weights) against one process's: weights within 1e-5, metrics 1e-5 relative."""
+    """Split steps' (metrics, weights) against one process's: weights within 3e-5, metrics 1e-5 relative.
+    Adam's step turns the rounding of a near-zero gradient into up to lr (1e-3) where a wrong
+    gradient moves weights by ~lr each step; measured up to 1.6e-5 (a shared prompt's row sums its
+    attention in another order than the one-process path)."""
     (metrics, weights), (ref_metrics, ref) = got, ref
     worst = max((weights[n] - ref[n]).abs().max().item() for n in ref)
     print(f"{case}: max parameter difference after {len(metrics)} steps {worst:.2e}")
-    assert worst < 1e-5, f"{case}: max parameter difference {worst:.3g}"
+    assert worst < 3e-5, f"{case}: max parameter difference {worst:.3g}"
     for m, r in zip(metrics, ref_metrics, strict=True):
         for key in GRPO_KEYS:
             assert m[key] == pytest.approx(r[key], rel=1e-5, abs=1e-7), (case, key)
@@ -183,20 +192,15 @@ def _assert_grpo_equal(case: str, got: tuple[list[dict], dict], ref: tuple[list[
 
 def _replica_rank(rank: int, world: int, init: str, path: str, out) -> None:
     """A rank of two data-parallel replicas of a two-rank context group: four GRPO steps per case."""
-    from longhaul.models import load_policy
     from longhaul.rl.context_parallel.packed import grid
-    from longhaul.rl.grpo import GRPOTrainer
     from longhaul.runtime.context_trainers import _Replica
 
     torch.set_num_threads(1)
     with _gloo_group(rank, world, init):
         got = {}
-        for case, (algo, attention) in GRPO_CASES.items():
-            torch.manual_seed(0)
-            policy, tok = load_policy("tiny-llama")
+        for case, (algo, attention, share) in GRPO_CASES.items():
             context, replica, replicas = grid(attention, 2)
-            trainer = _Replica(GRPOTrainer(policy, tok.pad_token_id, algo, GRPO_TRAIN, 1.0, 8, context=context), replica, replicas)
-            got[case] = _grpo_steps(trainer, steps=4)
+            got[case] = _grpo_steps(_Replica(_grpo_trainer(algo, share, context), replica, replicas), steps=4)
         if rank == 0:
             torch.save(got, path)
             out.put("done")
@@ -214,8 +218,8 @@ def test_data_parallel_replicas_of_a_context_group_train_like_one_process(tmp_pa
     procs = [ctx.Process(target=_replica_rank, args=(r, 4, init, path, out)) for r in range(4)]
     assert _started(procs, out, timeout=240) == "done"
     got = torch.load(path)
-    for case, (algo, _) in GRPO_CASES.items():
-        _assert_grpo_equal(f"{case}, 2 replicas x 2 ranks", got[case], _grpo_steps(_grpo_trainer(algo, None), steps=4))
+    for case, (algo, _, share) in GRPO_CASES.items():
+        _assert_grpo_equal(f"{case}, 2 replicas x 2 ranks", got[case], _grpo_steps(_grpo_trainer(algo, share), steps=4))
 
 
 def _sft_config(tmp_path, name: str, *more: str):
@@ -268,10 +272,11 @@ def test_bad_context_parallel_settings_get_one_line(tmp_path):
     with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 splits packed SFT rows, DPO answers and GRPO's \(prompt, completion\) "
                                             r"rows; algo.name=sft does not take it; set train.context_parallel=1$"):
         check(cfg, splits=False)
+    with pytest.raises(LonghaulError, match=r"^runtime.trainers=2 \(data-parallel replicas\) combines with train.context_parallel "
+                                            r"for algo.name=grpo only, not sft; set runtime.trainers=1$"):
+        check(cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"trainers": 2})}), splits=True)
     grpo = _sft_config(tmp_path, "g", "algo.name=grpo", "train.context_parallel=2")
-    with pytest.raises(LonghaulError, match=r"^train.context_parallel=2 splits each \(prompt, completion\) row over its processes, not a "
-                                            r"prompt shared by a group's completions; set train.share_prompt=false$"):
-        check(grpo, splits=True)
+    check(grpo, splits=True)  # a shared prompt splits too
     unshared = grpo.model_copy(update={"train": grpo.train.model_copy(update={"share_prompt": False})})
     check(unshared, splits=True)
     with pytest.raises(LonghaulError, match=r"^algo.loss=gspo weighs each token by its whole sequence's ratio"):
@@ -282,8 +287,12 @@ def test_bad_context_parallel_settings_get_one_line(tmp_path):
                                             r"set runtime.data_parallel=ddp$"):
         check(unshared.model_copy(update={"runtime": unshared.runtime.model_copy(update={"trainers": 2, "data_parallel": "fsdp2"})}),
               splits=True)
-    with pytest.raises(LonghaulError, match=r"not a prompt shared by several completions; set train.share_prompt=false$"):
-        document_ids(pack_shared([5, 6, 7], [[8, 9], [10, 11, 12]], pad_id=0))
+    shared = pack_shared([5, 6, 7], [[8, 9], [10, 11, 12]], pad_id=0)  # flat rows: the prompt's 3, then 1 and 2
+    assert document_ids(shared).tolist() == [0, 0, 0, 1 + SEES, 2 + SEES, 2 + SEES]  # each completion also sees document 0
+    shared.q_len[0] -= 1  # the prompt's first row is no longer queried: what the completions see is not a whole sequence
+    with pytest.raises(LonghaulError, match=r"^context parallel splits rows that attend to their own sequence and at most one whole "
+                                            r"sequence before it \(a shared prompt\); this packed layout is neither$"):
+        document_ids(shared)
 
 
 @pytest.mark.slow  # a follower process starts: ~10 s on 2 loaded cores

@@ -248,12 +248,13 @@ def test_two_data_parallel_trainers_train_like_one(tmp_path, tiny_grpo_run, monk
 
 
 @pytest.mark.slow  # ~40 s: followers start twice; tests/rl/test_context_parallel_training.py checks the maths fast
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_a_grpo_run_split_over_two_processes_trains_and_resumes_like_one(tmp_path, tiny_grpo_run, replicas):
-    """train.context_parallel=2 (each (prompt, completion) row split by ring attention), on one or two
-    data-parallel replicas (runtime.trainers), two steps, then resumed for two more (the followers
-    read the checkpoint): the weights of the plain run."""
-    split = [f"output_dir={tmp_path}", *QUIET, "train.context_parallel=2", "train.share_prompt=false", f"runtime.trainers={replicas}"]
+@pytest.mark.parametrize("replicas,share", [(1, "true"), (2, "false")])
+def test_a_grpo_run_split_over_two_processes_trains_and_resumes_like_one(tmp_path, tiny_grpo_run, replicas, share):
+    """train.context_parallel=2 (each row split by ring attention: a group's prompt once, then its
+    completions, or each (prompt, completion) apart), on one or two data-parallel replicas
+    (runtime.trainers), two steps, then resumed for two more (the followers read the checkpoint):
+    the weights of the plain run."""
+    split = [f"output_dir={tmp_path}", *QUIET, "train.context_parallel=2", f"train.share_prompt={share}", f"runtime.trainers={replicas}"]
     run_training(load_config(EXAMPLE, [*split, "train.steps=2"]))
     run_training(load_config(EXAMPLE, split), resume=True)
     a, b = _final(tiny_grpo_run), _final(tmp_path / "tiny_grpo")

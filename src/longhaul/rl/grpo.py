@@ -80,13 +80,9 @@ def _weigh_negatives(adv: torch.Tensor, weight: float) -> torch.Tensor:
     return adv if weight == 1.0 else torch.where(adv < 0, adv * weight, adv)
 
 
-def check_context(algo: AlgoConfig, train: TrainConfig) -> None:
+def check_context(algo: AlgoConfig) -> None:
     """One-line errors for a GRPO run that cannot split its rows over a context-parallel group
     (the model's part: `context_parallel.packed.check_model`)."""
-    n = train.context_parallel
-    if train.share_prompt:
-        raise LonghaulError(f"train.context_parallel={n} splits each (prompt, completion) row over its processes, not a "
-                            "prompt shared by a group's completions; set train.share_prompt=false")
     if algo.loss in SEQUENCE_LOSSES:
         raise LonghaulError(f"algo.loss={algo.loss} weighs each token by its whole sequence's ratio, which a context-parallel "
                             f"rank does not hold; set train.context_parallel=1 or a token-level loss (ppo_clip, dual_clip)")
@@ -102,8 +98,8 @@ class GRPOTrainer(OptimizerState):
         context: a `context_parallel.packed.ContextGroup` when this is one rank of context-parallel
         training: every rank of the group gets the same groups (all of them, or with data-parallel
         replicas of the group its replica's share, the counts then summed over replicas), and each
-        micro-batch's (prompt, completion) rows are packed into one flat row split over the group
-        (`ContextGroup.shard`). A rank's log-probs cover the completion tokens its rows predict;
+        micro-batch's (prompt, completion) rows are packed into one flat row (with `share_prompt`,
+        the group's prompt once) split over the group (`ContextGroup.shard`). A rank's log-probs cover the completion tokens its rows predict;
         the loss, its normalisers and the per-sequence token counts are the whole batch's, so the
         ranks' losses sum to one process's, and so do their gradients (`reduce_gradients`) and the
         metrics' sums. Not both: a context group's replicas sum their gradients themselves."""
@@ -112,7 +108,7 @@ class GRPOTrainer(OptimizerState):
         if context is not None:
             if dp is not None:
                 raise ValueError("GRPOTrainer: a context group's data-parallel replicas are its own (ContextGroup.data), not dp")
-            check_context(algo, train)
+            check_context(algo)
             context.check(policy)
         self.advantage_fn = ADVANTAGES.get_fn(algo.advantage)
         self.loss_fn = POLICY_LOSSES.get_fn(algo.loss)
@@ -229,9 +225,12 @@ class GRPOTrainer(OptimizerState):
         if recorded is not None:
             self.recorded_units = getattr(self, "recorded_units", 0) + 1
             return packed_logprobs(model, recorded[0], self.temperature, ac, with_entropy, entropy_grad, recorded[1])
-        if self.context is not None:
-            batch = self.context.shard(packed_forward.pack_pairs([pairs[i] for i in idx], self.pad_id))
-            return packed_logprobs(model, batch, self.temperature, ac, with_entropy, entropy_grad)
+        if self.context is not None:  # a unit's rows end to end (a shared prompt once), split over the group
+            if self.train_cfg.share_prompt:
+                packed = packed_forward.pack_shared(pairs[idx[0]][0], [pairs[i][1] for i in idx], self.pad_id)
+            else:
+                packed = packed_forward.pack_pairs([pairs[i] for i in idx], self.pad_id)
+            return packed_logprobs(model, self.context.shard(packed), self.temperature, ac, with_entropy, entropy_grad)
         if self.train_cfg.share_prompt:
             return shared_prompt_logprobs(model, pairs[idx[0]][0], [pairs[i][1] for i in idx], self.pad_id,
                                           self.temperature, ac, with_entropy, entropy_grad, fast=True)

@@ -52,8 +52,11 @@ def check(cfg: RunConfig, splits: bool, policy=None) -> None:
     if not splits:
         raise LonghaulError(f"train.context_parallel={n} splits packed SFT rows, DPO answers and GRPO's (prompt, completion) rows; "
                             f"algo.name={cfg.algo.name} does not take it; set train.context_parallel=1")
+    if cfg.runtime.trainers > 1 and cfg.algo.name != "grpo":
+        raise LonghaulError(f"runtime.trainers={cfg.runtime.trainers} (data-parallel replicas) combines with "
+                            f"train.context_parallel for algo.name=grpo only, not {cfg.algo.name}; set runtime.trainers=1")
     if cfg.algo.name == "grpo":
-        check_grpo(cfg.algo, cfg.train)
+        check_grpo(cfg.algo)
         if cfg.runtime.trainers > 1 and cfg.runtime.data_parallel != "ddp":
             raise LonghaulError(f"train.context_parallel={n} keeps a full replica of the model on every rank, so its "
                                 f"data-parallel replicas sum gradients like ddp, not runtime.data_parallel="

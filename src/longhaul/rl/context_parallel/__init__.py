@@ -21,13 +21,14 @@ shard (the mask, and RoPE for an unpacked row) and the in-document positions of 
 (RoPE), to shard like the tokens.
 
 Packed rows: `doc_ids` (B, T), a document id per token of the shard; a token attends only
-within its document, causally. Not owned here: the model's forward (RoPE, projections; see
-`rl.packed_forward`), starting processes, or layouts whose mask is not causal-within-document
-(the shared-prompt layout of `pack_shared`). The blocks are plain torch matmuls that
+within its document, causally, and, where its id says so (`blocks.mask_ids`), to one other
+document before it: a prompt shared by several completions (`pack_shared`). Not owned here: the
+model's forward (RoPE, projections; see `rl.packed_forward`) or starting processes. The blocks are plain torch matmuls that
 materialise a score block per head (ring: (T / N) x (T / N); Ulysses: the whole T x T): a fused
 kernel with a log-sum-exp output (FlashAttention) is the next step on GPUs.
 """
 
+from longhaul.rl.context_parallel.blocks import mask_ids
 from longhaul.rl.context_parallel.ring import ring_attention
 from longhaul.rl.context_parallel.ulysses import ulysses_attention
 from longhaul.rl.context_parallel.zigzag import (document_positions, zigzag_gather, zigzag_positions, zigzag_shard,
@@ -38,5 +39,5 @@ CONTEXT_ATTENTION = Registry("context-parallel attention")
 CONTEXT_ATTENTION["ring"] = ring_attention
 CONTEXT_ATTENTION["ulysses"] = ulysses_attention
 
-__all__ = ["CONTEXT_ATTENTION", "document_positions", "ring_attention", "ulysses_attention", "zigzag_gather",
+__all__ = ["CONTEXT_ATTENTION", "document_positions", "mask_ids", "ring_attention", "ulysses_attention", "zigzag_gather",
            "zigzag_positions", "zigzag_shard", "zigzag_unshard"]

@@ -1,7 +1,8 @@
 """Attention of a block of queries over a block of keys, with the softmax's log-sum-exp: the
 arithmetic that ring attention repeats once a ring step and Ulysses runs once over the whole row.
 
-Owns the mask (causal by global position, within a document when rows are packed), one block's
+Owns the mask (causal by global position, within a document when rows are packed, or a document
+and the one it also sees: `mask_ids`), one block's
 forward (output normalised over the block, and its log-sum-exp), the online-softmax merge of a
 block into the running result, one block's backward from the final log-sum-exp (probabilities
 recomputed, never stored), and `LocalAttention`, all of it over one whole block. Does not own
@@ -18,12 +19,24 @@ from __future__ import annotations
 import torch
 
 
+SEES = 1 << 32  # a mask id's multiple of this: 1 + the document its tokens also see (0: none)
+
+
+def mask_ids(doc: torch.Tensor, sees: torch.Tensor | None = None) -> torch.Tensor:
+    """The document ids `allowed` takes: `doc` each token's document (0 <= doc < SEES) and, where
+    given, `sees` the one other document its tokens also attend to (-1: none), e.g. the prompt
+    that several completions share. Without `sees` the ids are the documents themselves."""
+    return doc if sees is None else doc + (sees + 1) * SEES
+
+
 def allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, q_doc=None, k_doc=None) -> torch.Tensor:
-    """(Tq,), (Tk,) global positions, optionally (B, Tq), (B, Tk) document ids -> (B or 1, Tq, Tk)
-    True where the query may see the key: at or before it, in the same document."""
+    """(Tq,), (Tk,) global positions, optionally (B, Tq), (B, Tk) document ids (`mask_ids`) ->
+    (B or 1, Tq, Tk) True where the query may see the key: at or before it, in the same document
+    or in the document the query's own also sees."""
     ok = k_pos[None, None, :] <= q_pos[None, :, None]
     if q_doc is not None:
-        ok = ok & (q_doc[:, :, None] == k_doc[:, None, :])
+        key = (k_doc % SEES)[:, None, :]
+        ok = ok & (((q_doc % SEES)[:, :, None] == key) | ((q_doc // SEES - 1)[:, :, None] == key))
     return ok
 
 

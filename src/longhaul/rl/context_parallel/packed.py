@@ -19,8 +19,9 @@ each training other rows under the same batch-wide normalisers, it is the sum ov
 Every rank must run the backward, even one that predicts no token: attention's backward is a
 collective. It does, since its (empty) log-probs still hang off the hidden states.
 
-Takes layouts where each sequence attends only to itself, causally (`pack_pairs`, `pack_targets`),
-not `pack_shared`'s prompt shared by several completions. Does not own starting the processes
+Takes layouts where each sequence attends to itself, causally (`pack_pairs`, `pack_targets`), and
+`pack_shared`'s prompt shared by several completions, each of which also sees the whole prompt
+(`document_ids`). Does not own starting the processes
 (`runtime.context_trainers`) or attention itself (`ring`, `ulysses`).
 """
 
@@ -34,7 +35,7 @@ import torch.distributed as dist
 
 from longhaul.errors import LonghaulError
 from longhaul.models.lora import unwrap
-from longhaul.rl.context_parallel import CONTEXT_ATTENTION
+from longhaul.rl.context_parallel import CONTEXT_ATTENTION, mask_ids
 from longhaul.rl.context_parallel.zigzag import zigzag_positions, zigzag_shard
 from longhaul.rl import packed_forward
 from longhaul.rl.packed_forward import PackedBatch
@@ -58,12 +59,22 @@ class ContextShard:
 
 
 def document_ids(b: PackedBatch) -> torch.Tensor:
-    """(N,) the sequence each flat row belongs to: a sequence starts where its positions restart at 0.
-    Refuses a layout in which a sequence attends to rows beyond its own (`pack_shared`)."""
-    if not torch.equal(b.q_len, b.kv_len):
-        raise LonghaulError("context parallel splits rows whose sequences attend only to themselves (SFT rows, prompt-"
-                            "completion pairs), not a prompt shared by several completions; set train.share_prompt=false")
-    return torch.cumsum(b.positions == 0, 0) - 1
+    """(N,) each flat row's mask id (`blocks.mask_ids`): its document is the attention row that
+    queries it; a row whose keys begin with another row's whole sequence before its own (a prompt
+    shared by several completions, `pack_shared`) also sees that one. Refuses any other layout."""
+    R, Tq = b.q_index.shape
+    doc = b.out_index // Tq
+    sees = torch.full((R,), -1, dtype=torch.long)
+    for r in range(R):
+        extra, own = b.kv_index[r, :b.kv_len[r] - b.q_len[r]], b.kv_index[r, b.kv_len[r] - b.q_len[r]:b.kv_len[r]]
+        if not len(extra):
+            continue
+        p = int(doc[extra[0]])
+        if not (torch.all(doc[extra] == p) and b.q_len[p] == b.kv_len[p] == len(extra) and extra.max() < own.min()):
+            raise LonghaulError("context parallel splits rows that attend to their own sequence and at most one whole "
+                                "sequence before it (a shared prompt); this packed layout is neither")
+        sees[r] = p
+    return mask_ids(doc, sees[doc])
 
 
 class ContextGroup:
@@ -93,7 +104,7 @@ class ContextGroup:
         doc = document_ids(b)
         whole = (torch.cat([b.input_ids, b.input_ids.new_zeros(pad)]),  # any token id: nothing reads a pad row
                  torch.cat([b.positions, torch.arange(pad)]),
-                 torch.cat([doc, torch.full((pad,), int(doc[-1]) + 1, dtype=doc.dtype)]))
+                 torch.cat([doc, torch.full((pad,), b.q_index.shape[0], dtype=doc.dtype)]))  # a document of their own
         ids, pos, doc = (zigzag_shard(t, self.rank, world, 0) for t in whole)
         local = torch.full((n + pad,), -1, dtype=torch.long)  # flat row -> its index here, -1: another rank's
         local[zigzag_positions(n + pad, self.rank, world)] = torch.arange((n + pad) // world)
