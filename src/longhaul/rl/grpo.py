@@ -99,10 +99,10 @@ class GRPOTrainer(OptimizerState):
         training: every rank of the group gets the same groups (all of them, or with data-parallel
         replicas of the group its replica's share, the counts then summed over replicas), and each
         micro-batch's (prompt, completion) rows are packed into one flat row (with `share_prompt`,
-        the group's prompt once) split over the group (`ContextGroup.shard`). A rank's log-probs cover the completion tokens its rows predict;
-        the loss, its normalisers and the per-sequence token counts are the whole batch's, so the
-        ranks' losses sum to one process's, and so do their gradients (`reduce_gradients`) and the
-        metrics' sums. Not both: a context group's replicas sum their gradients themselves."""
+        the group's prompt once) split over the group (`ContextGroup.shard`). A rank's log-probs
+        cover the completion tokens its rows predict; the loss, its normalisers and the
+        per-sequence token counts are the whole batch's, so the ranks' losses sum to one
+        process's, and so do their gradients (`reduce_gradients`) and the metrics' sums. Not both: a context group's replicas sum their gradients themselves."""
         self.policy, self.pad_id, self.algo, self.train_cfg, self.temperature = policy, pad_id, algo, train, temperature
         self.max_new_tokens, self.dp, self.context = max_new_tokens, dp, context
         if context is not None:

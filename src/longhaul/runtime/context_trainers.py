@@ -133,8 +133,8 @@ class ContextParallelTrainer:
     """Rank 0's SFT, DPO or GRPO trainer of a context-parallel run; the other ranks run in child processes."""
 
     def __init__(self, cfg: RunConfig, policy, tok, items: list | None = None):
-        self.world = cfg.train.context_parallel * cfg.runtime.trainers
-        check_model(policy, self.world, cfg.train.context_attention)  # here, before any process starts
+        self.world = cfg.train.context_parallel * cfg.runtime.trainers  # every replica's ranks
+        check_model(policy, cfg.train.context_parallel, cfg.train.context_attention)  # here, before any process starts
         self.threads = cfg.threads or max(1, torch.get_num_threads() // self.world)  # the ranks share the cores
         self.followers = Followers(self.world, "context-parallel trainer")
         self.followers.start(_follower, cfg.model_dump_json(), self.threads)

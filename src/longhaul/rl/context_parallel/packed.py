@@ -21,8 +21,8 @@ collective. It does, since its (empty) log-probs still hang off the hidden state
 
 Takes layouts where each sequence attends to itself, causally (`pack_pairs`, `pack_targets`), and
 `pack_shared`'s prompt shared by several completions, each of which also sees the whole prompt
-(`document_ids`). Does not own starting the processes
-(`runtime.context_trainers`) or attention itself (`ring`, `ulysses`).
+(`document_ids`). Does not own starting the processes (`runtime.context_trainers`) or attention
+itself (`ring`, `ulysses`).
 """
 
 from __future__ import annotations
