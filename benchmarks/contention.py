@@ -18,9 +18,7 @@ same configuration alone.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,6 +34,9 @@ from longhaul.inference.engine import LLMEngine
 from longhaul.inference.sampling import SamplingParams
 from longhaul.inference.threads import ThreadGovernor
 from longhaul.models import load_policy
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cpu_model, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "contention.json"
 
@@ -58,18 +59,6 @@ def tok_s(engine: LLMEngine, prompts, tokens: int, seed: int) -> float:
     t = time.perf_counter()
     n = sum(len(o.token_ids) for o in engine.generate(prompts, params))
     return n / (time.perf_counter() - t)
-
-
-def host() -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} CPUs"
 
 
 MODES = ("governed", "fixed", "one_thread")
@@ -107,7 +96,7 @@ def run(model: str, dtypes: list[str], batches: list[int], loads: list[int], tok
             r["fixed_vs_alone"] = round(r["fixed"] / base["fixed"], 3)
             r["governed_vs_one_thread"] = round(r["governed"] / r["one_thread"], 3)
     return {"model": model, "tokens": tokens, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "machine": {"host": host(), "available_cpus": available_cpus(), "threads": cores, "torch": torch.__version__},
+            "machine": {"host": f"{cpu_model()}, {os.cpu_count()} CPUs", "available_cpus": available_cpus(), "threads": cores, "torch": torch.__version__},
             "rows": rows}
 
 
@@ -135,11 +124,7 @@ def main() -> None:
     result = run(a.model, a.dtypes.split(","), [int(b) for b in a.batches.split(",")], [int(x) for x in a.busy.split(",")],
                  a.tokens, a.repeats)
     print(table(result))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(tmp, a.out)
-    print(f"wrote {a.out}")
+    write_json(result, a.out)
 
 
 if __name__ == "__main__":
