@@ -28,7 +28,7 @@ from longhaul.inference import RolloutParams, make_engine
 from longhaul.models import load_policy
 
 sys.path.insert(0, str(Path(__file__).parent))
-from contention import host  # noqa: E402
+from common import host  # noqa: E402
 
 
 def one_run(engine, tok, work, group: int, params: RolloutParams, schedule: str, max_turns: int) -> dict:

@@ -1,5 +1,5 @@
-"""What the hand-run benchmarks share: the host's CPU model, a nearest-rank percentile, and
-writing a result's JSON so that a reader never sees half of it.
+"""What the hand-run benchmarks share: the host's CPU model (and count), a nearest-rank
+percentile, and writing a result's JSON so that a reader never sees half of it.
 
 Scripts import it as a sibling (`sys.path` holds the benchmarks folder when one runs).
 """
@@ -20,6 +20,11 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def host() -> str:
+    """The CPU model and how many CPUs the OS shows, e.g. "AMD EPYC, 2 CPUs"."""
+    return f"{cpu_model()}, {os.cpu_count()} CPUs"
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -18,7 +18,6 @@ same configuration alone.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from longhaul.inference.threads import ThreadGovernor
 from longhaul.models import load_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_model, write_json  # noqa: E402
+from common import host, write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "contention.json"
 
@@ -96,7 +95,7 @@ def run(model: str, dtypes: list[str], batches: list[int], loads: list[int], tok
             r["fixed_vs_alone"] = round(r["fixed"] / base["fixed"], 3)
             r["governed_vs_one_thread"] = round(r["governed"] / r["one_thread"], 3)
     return {"model": model, "tokens": tokens, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "machine": {"host": f"{cpu_model()}, {os.cpu_count()} CPUs", "available_cpus": available_cpus(), "threads": cores, "torch": torch.__version__},
+            "machine": {"host": host(), "available_cpus": available_cpus(), "threads": cores, "torch": torch.__version__},
             "rows": rows}
 
 

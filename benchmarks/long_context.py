@@ -34,8 +34,9 @@ mode and is reported apart.
 (b) runs `longhaul eval --suite niah` (`--niah-kind`, `--niah-n` tasks at each of
 `--niah-lengths` thousand tokens) on the model as it is, with YaRN (`--yarn-factor`), and after a
 short SFT with YaRN on needle tasks of other seeds (`--niah-ft-steps` steps over `--niah-ft-rows`
-tasks of `--niah-ft-lengths` thousand tokens; shorter than the evaluation's longest), reporting
-accuracy by length and RULER's effective length (the longest above 85.6%). `decode`
+tasks of `--niah-ft-lengths` thousand tokens; shorter than the evaluation's longest), or those of
+`--niah-variants` (plain, yarn, tuned), reporting accuracy by length and RULER's effective
+length (the longest above 85.6%). `decode`
 times the prefill of one random prompt of each of `--decode-lengths` thousand tokens and the
 `--decode-tokens` tokens after it.
 """
@@ -310,6 +311,7 @@ RULER_THRESHOLD = 0.856  # RULER's effective length: the longest length scoring 
 
 
 HAYSTACK_TOKENS_PER_K = 1331  # a niah haystack of "n k" runs to about n x 1,331 tokens of SmolLM2's tokenizer
+NIAH_VARIANTS = ("plain", "yarn", "tuned")  # (b): the model as it is, with YaRN, and fine-tuned with YaRN
 NIAH_TRAIN_SEEDS = 2_000_000  # the fine-tune's needle tasks: seeds disjoint from the evaluation's (`niah` heldout: 1,000,000 + i)
 
 
@@ -346,10 +348,17 @@ def niah(a) -> dict:
     lengths = [int(k) for k in a.niah_lengths.split(",")]
     subs = [f"{a.niah_kind}_{k}k" for k in lengths]
     yarn = {"rope_type": "yarn", "factor": a.yarn_factor}
-    variants = [("no scaling", None, a.model), (f"yarn x{a.yarn_factor:g}", yarn, a.model)]
+    wanted = a.niah_variants.split(",")
+    unknown = [v for v in wanted if v not in NIAH_VARIANTS]
+    if unknown:
+        raise SystemExit(f"--niah-variants: unknown {unknown[0]!r}; use {', '.join(NIAH_VARIANTS)}, comma-separated")
+    variants = [("no scaling", None, a.model)] if "plain" in wanted else []
+    variants += [(f"yarn x{a.yarn_factor:g}", yarn, a.model)] if "yarn" in wanted else []
+    if not variants and not a.niah_ft_steps:
+        raise SystemExit("--niah-variants tuned with --niah-ft-steps 0 runs nothing; give steps or another variant")
     out = {}
     with tempfile.TemporaryDirectory() as work:
-        if a.niah_ft_steps:
+        if a.niah_ft_steps and "tuned" in wanted:
             variants.append((f"yarn x{a.yarn_factor:g}, fine-tuned", yarn, str(niah_finetune(a, Path(work), yarn))))
         for name, scaling, model in variants:
             cmd = [sys.executable, "-m", "longhaul.cli", "eval", "--model", model, "--suite", "niah", "--subfamilies", ",".join(subs),
@@ -418,6 +427,7 @@ def main() -> None:
     p.add_argument("--niah-lengths", default="1,2,4,8", help="haystack lengths in thousands of tokens (16: ~3 min a task on 2 cores)")
     p.add_argument("--niah-n", type=int, default=6, help="tasks a length")
     p.add_argument("--yarn-factor", type=float, default=4.0)
+    p.add_argument("--niah-variants", default=",".join(NIAH_VARIANTS), help="(b): which of the three variants run")
     p.add_argument("--niah-ft-steps", type=int, default=16, help="(b): SFT steps of the fine-tuned variant (0: not run)")
     p.add_argument("--niah-ft-rows", type=int, default=32, help="(b): needle tasks it trains on (two a step)")
     p.add_argument("--niah-ft-lengths", default="1,2", help="(b): their lengths in thousands of tokens, in turn")

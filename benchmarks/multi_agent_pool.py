@@ -329,7 +329,7 @@ def write_plot(runs: list[dict], path: Path) -> Path:
 def main_result(cfg: PoolBench, runs: list[dict], out: Path, command: str = "") -> dict:
     """Write the runs to `out` (JSON, atomically) and the plot beside it; returns what was written."""
     sys.path.insert(0, str(HERE))
-    from contention import host
+    from common import host
 
     result = {"measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": host(), "command": command, "config": asdict(cfg),
               "runs": runs}

@@ -131,7 +131,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
     sys.path.insert(0, str(HERE.parent))
-    from benchmarks.contention import host
+    from benchmarks.common import host
 
     names = [n.strip() for n in args.allocators.split(",") if n.strip()]
     unknown = [n for n in names if n not in ALLOCATORS]
