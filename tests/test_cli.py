@@ -63,6 +63,7 @@ def test_eval_json_prints_one_object(tmp_path):
     assert res["n"] == 4 and 0 <= res["pass_rate"] <= 1 and len(res["ci95"]) == 2
 
 
+@pytest.mark.slow  # ~12 s: two eval processes; the pass@k estimator is tested in-process (tests/eval)
 def test_eval_samples_reports_pass_at_k(tmp_path):
     import json
 

@@ -29,6 +29,7 @@ def test_generate_without_prompts_is_one_error_line(tmp_path):
     assert r.returncode != 0 and r.stderr.strip().startswith("error: no prompts") and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow  # ~11 s: benchmark runs in subprocesses
 def test_bench_engine_writes_merged_results(tmp_path):
     args = ("bench", "engine", "--model", "tiny-llama", "--batch-sizes", "1,2", "--max-tokens", "4", "--repeats", "1")
     r = run_cli(*args, "--dtype", "float32", "--json", cwd=tmp_path)

@@ -160,6 +160,7 @@ def test_tiny_grpo_on_a_ray_cluster_survives_a_killed_rollout_actor(tmp_path, ra
     assert rows[-1]["rollout/worker_restarts"] >= 1 and rows[-1]["rollout/requeued_requests"] >= 1
 
 
+@pytest.mark.slow  # ~10 s: a Ray cluster run; the killed rollout actor test stays fast
 def test_scoring_in_a_sandbox_pool_actor_survives_the_pool_being_killed(tmp_path, ray_cluster, rollout_pools):
     seen = {}
 
@@ -192,7 +193,7 @@ def test_sandbox_pools_need_async_on_ray(tmp_path):
         run_training(cfg)
 
 
-@pytest.mark.slow  # ~18 s; the killed rollout actor and sandbox pool tests stay fast
+@pytest.mark.slow  # ~18 s; the killed rollout actor test stays fast
 def test_a_killed_trainer_actor_is_replaced_and_the_run_resumes_from_its_checkpoint(tmp_path, ray_cluster):
     from longhaul.rl.checkpoint import list_checkpoints
 

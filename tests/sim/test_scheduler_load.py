@@ -28,6 +28,7 @@ def runs(tmp_path_factory) -> list[Path]:
     return paths
 
 
+@pytest.mark.slow  # ~12 s: two simulator runs in subprocesses
 def test_runs_are_gathered_by_the_load_their_draw_offers(runs, tmp_path):
     sims = [json.loads(p.read_text()) for p in runs]
     for sim in sims:  # the simulator records the draw's load: its GPU-hours of work over the GPUs x hours
