@@ -55,7 +55,7 @@ from longhaul.models.lora import unwrap
 from longhaul.ops.linear import pack
 from longhaul.ops.rope import rotate_half
 from longhaul.rl.packed_native import NativeSwiGLU, kernels_for, native_attention, rms_norm
-from longhaul.rl.tiled_attention import packed_sdpa, worth_tiling
+from longhaul.rl.tiled_attention import packed_sdpa, query_positions, worth_tiling
 
 SUPPORTED = ("llama", "qwen2")
 CHECKPOINT_ROWS = 256  # a differentiable forward of more flat rows than this recomputes each layer in backward
@@ -206,7 +206,7 @@ def _allowed(b: PackedBatch) -> torch.Tensor:
     """(R, 1, Tq, Lk) True = attend: each real query sees its row's keys up to its own position
     (`_layout`); a pad query sees key 0 only (no empty softmax)."""
     Tq, Lk = b.q_index.shape[1], b.kv_index.shape[1]
-    qpos = (b.kv_len - b.q_len)[:, None] + torch.arange(Tq)[None, :]
+    qpos = query_positions(b.q_len, b.kv_len, Tq)
     real = torch.arange(Tq)[None, :] < b.q_len[:, None]
     ok = (torch.arange(Lk)[None, None, :] <= qpos[:, :, None]) & real[:, :, None]
     ok[:, :, 0] = True

@@ -73,7 +73,7 @@ def causal_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: int) -> to
     return out.view(R, hkv, gtq, d)
 
 
-def _query_positions(q_len: torch.Tensor, kv_len: torch.Tensor, tq: int) -> torch.Tensor:
+def query_positions(q_len: torch.Tensor, kv_len: torch.Tensor, tq: int) -> torch.Tensor:
     """(R,), (R,) -> (R, Tq) key position of each query; a pad query (j >= q_len) sits past the
     row's keys and sees them all (its output and gradient are never used)."""
     return (kv_len - q_len)[:, None] + torch.arange(tq, device=q_len.device)[None, :]
@@ -106,7 +106,7 @@ class _TiledAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, q_len, kv_len, scale: float):
         R, hkv, g, tq, d = q.shape
-        qpos = _query_positions(q_len, kv_len, tq)
+        qpos = query_positions(q_len, kv_len, tq)
         out = torch.empty_like(q)
         lse = torch.empty((R, hkv, g, tq), dtype=torch.float32, device=q.device)
         for a, e, span, ok in _tiles(qpos, kv_len, k.shape[2]):
@@ -129,7 +129,7 @@ class _TiledAttention(torch.autograd.Function):
         dq = torch.empty_like(q)
         dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
         dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
-        for a, e, span, ok in _tiles(_query_positions(q_len, kv_len, tq), kv_len, k.shape[2]):
+        for a, e, span, ok in _tiles(query_positions(q_len, kv_len, tq), kv_len, k.shape[2]):
             t = e - a
             qt, kt, vt = q[..., a:e, :], k[:, :, :span], v[:, :, :span]
             p = _probs(qt, kt, ok, lse[..., a:e], scale).view(R, hkv, g * t, span)
