@@ -65,10 +65,14 @@ def test_a_bad_speculative_config_is_one_error_line(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and "--speculative-config: method" in r.stderr, r.stderr
 
 
-def test_generate_runs_quantized_weights_and_names_a_bad_format(tmp_path):
+@pytest.mark.slow  # a CLI process that loads and quantizes a model (~5 s); the engine's q4_0 path is tested in process
+def test_generate_runs_quantized_weights(tmp_path):
     r = run_cli("generate", "--model", "tiny-llama", "--prompt", "hi", "--max-tokens", "4", "--json", "--quantization", "q4_0",
                 cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert 0 < len(json.loads(r.stdout)["token_ids"]) <= 4
+
+
+def test_generate_names_a_bad_quantization_format(tmp_path):
     r = run_cli("generate", "--model", "tiny-llama", "--prompt", "hi", "--quantization", "q5", cwd=tmp_path)
     assert r.returncode != 0 and r.stderr.strip() == "error: --quantization must be int8, q8_0, q4_0, q4_1 or gguf, got 'q5'"

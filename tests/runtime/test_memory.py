@@ -1,6 +1,9 @@
 """The memory breakdown: each part against the bytes its holder is known to hold, every storage
 counted once, and the parts against the kernel's resident figure."""
 
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing as mp
+
 import pytest
 import torch
 
@@ -12,6 +15,14 @@ from longhaul.rl.grpo import frozen_copy
 from longhaul.runtime.memory import PARTS, measure
 
 
+def _in_a_fresh_process(body):
+    """Runs `body` in a new interpreter: the resident figure is the whole process's, and a test
+    runner that has imported and freed what a thousand tests needed is not what a training process
+    holds (its leftover arenas and mappings would land in `unaccounted`)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+        pool.submit(body).result()  # an assertion in the child is raised here with its message
+
+
 class _Trainer:
     def __init__(self, policy):
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
@@ -19,6 +30,10 @@ class _Trainer:
 
 
 def test_each_part_is_what_its_holder_holds_and_all_add_up_to_the_resident_figure():
+    _in_a_fresh_process(_each_part_adds_up)
+
+
+def _each_part_adds_up():
     policy, tok = load_policy("tiny-llama")
     params = sum(p.numel() * p.element_size() for p in policy.parameters())
     trainer = _Trainer(policy)
@@ -158,6 +173,10 @@ def test_weights_mapped_from_a_file_count_once_and_not_as_heap(tmp_path):
 
 
 def test_heap_allocated_but_not_resident_is_not_counted_as_resident():
+    _in_a_fresh_process(_discarded_heap_is_not_resident)
+
+
+def _discarded_heap_is_not_resident():
     """A buffer allocated and then discarded (an idle pool nobody measures) stays in the heap's
     use but not in memory: heap_other is capped at what the resident figure leaves, so the parts
     never add up to more than resident (it may take what was unaccounted, not the whole buffer)."""
