@@ -9,7 +9,7 @@ import torch
 
 from longhaul.agent.loop import AgentConfig, ModelPolicy, ScriptedPolicy
 from longhaul.agent.team import run_team
-from longhaul.agent.workflows import CODER_TESTER, NAVIGATOR_DRIVER, family_tools, load_workflow, workflow_from
+from longhaul.agent.workflows import CODER_TESTER, NAVIGATOR_DRIVER, family_tools, load_workflow, solo, workflow_from
 from longhaul.envs.registry import get_family
 from longhaul.envs.tools import format_call
 from longhaul.envs.workspace import HIDDEN_DIR, WorkspaceEnv, WorkspaceTask
@@ -103,6 +103,33 @@ def test_shipped_workflows_load_against_the_workspace_families():
         load_workflow("coder_tester", get_family("funcgen"))
     with pytest.raises(LonghaulError, match="unknown workflow 'pair'"):
         load_workflow("pair")
+
+
+def test_a_team_s_single_agent_counterpart_has_its_tools_and_budgets():
+    wf = workflow_from({**NAVIGATOR_DRIVER, "max_turns": 4, "max_tokens": 2500, "turn_timeout_s": 30}, "nd")
+    one = solo(wf)
+    (role,) = one.roles
+    driver = wf.role("driver")
+    assert role.tools == [t for t in driver.tools if t != "message"]  # the navigator's tools are the driver's reads
+    assert role.replies == max(r.replies for r in wf.roles) and "message" not in role.tools
+    assert (one.max_turns, one.max_tokens, one.turn_timeout_s) == (4, 2500, 30)
+    assert one.order.kind == "round_robin" and one.order.turns == [role.name]
+    mixed = solo(workflow_from(CODER_TESTER, "ct")).roles[0].tools
+    assert "apply_patch" in mixed and "write_file" in mixed and mixed.count("read_file") == 1
+    with pytest.raises(LonghaulError, match="no role may submit"):
+        solo(workflow_from({**NAVIGATOR_DRIVER, "roles": [NAVIGATOR_DRIVER["roles"][0]], "order": {
+            "kind": "sequence", "turns": ["navigator"]}}, "readers"))
+
+
+def test_a_scripted_single_agent_solves_a_task_with_no_team_in_its_prompt(tok, bugfix):
+    task = bugfix.make_split("train", 1)[0]
+    one = solo(load_workflow("coder_tester", bugfix))
+    patch = next(a for a in task.reference if a.tool == "apply_patch")
+    pol = ScriptedPolicy(tok, {"e:agent": [patch.text(), format_call("run_tests"), format_call("submit")]})
+    [(agent,)] = run_team(one, {"agent": pol}, tok, lambda t: WorkspaceEnv(), [task], CFG, episodes=["e"])
+    assert (agent.info["ended"], agent.reward, len(agent.turns)) == ("done", 1.0, 3) and exact(agent)
+    system = tok.decode(agent.turns[0].prompt_ids)
+    assert "You work alone" in system and "Your team" not in system and '"message"' not in system
 
 
 # ---- a real task, solved by a scripted team -------------------------------------------------

@@ -28,10 +28,17 @@ def tiny(tmp_path, **over) -> TeamTrainConfig:
     return validate_config(tree, TeamTrainConfig)
 
 
-@pytest.mark.slow  # ~15 s: demos, SFT and an RL step of two tiny policies; the team runner and demos have fast tests
-def test_a_per_role_team_trains_end_to_end(tmp_path):
-    summary = train_team(tiny(tmp_path))
+@pytest.mark.slow  # ~30 s: demos, SFT and an RL step of two tiny policies, then of one; the parts have fast tests
+def test_a_per_role_team_trains_end_to_end_beside_a_single_agent(tmp_path):
+    summary = train_team(tiny(tmp_path, compare=["single"]))
     run = tmp_path / "team"
+    single = summary["compared"]["single"]
+    assert list(single["stages"]) == ["base", "sft", "rl"] and set(single["stages"]["rl"]["roles"]) == {"agent"}
+    assert {"rl_vs_single_rl"} == {k for k in single if "_vs_" in k}
+    solo_rows = [json.loads(line) for line in (run / "single" / "demos.jsonl").read_text().splitlines()]
+    assert solo_rows and {r["role"] for r in solo_rows} == {"agent"}
+    assert json.loads((run / "single" / "eval_rl.json").read_text())["task_ids"] == json.loads(
+        (run / "eval_rl.json").read_text())["task_ids"]  # paired: the same held-out tasks
     assert list(summary["stages"]) == ["base", "sft", "rl"]
     assert all(row["n"] == 2 and len(row["ci95"]) == 2 for row in summary["stages"].values())
     assert {"sft_vs_base", "rl_vs_sft", "rl_vs_base"} <= set(summary)
@@ -60,6 +67,15 @@ def test_bad_configs_are_refused_at_load(tmp_path):
         TeamTrainer(tiny(tmp_path, budgets={"max_turnz": 3}))
     with pytest.raises(LonghaulError, match="rl: .*group_size"):
         TeamTrainer(tiny(tmp_path, rl={"rollout": {"group_size": 1}}))
+    with pytest.raises(LonghaulError, match="compare names 'per_role', this run's own policies"):
+        tiny(tmp_path, compare=["single", "per_role"])
+    with pytest.raises(LonghaulError, match="compare lists a variant twice"):
+        tiny(tmp_path, compare=["single", "single"])
+    with pytest.raises(LonghaulError, match="drop compare"):
+        tiny(tmp_path, solo=True, compare=["shared"])
+    single = tiny(tmp_path, compare=["single", "shared"]).variant("single")
+    assert single.solo and single.policies == "shared" and single.compare == [] and single.run_dir == tmp_path / "team" / "single"
+    assert [r.name for r in TeamTrainer(single).wf.roles] == ["agent"]
 
 
 def test_the_command_refuses_a_bad_config_in_one_line(tmp_path):

@@ -54,6 +54,7 @@ from longhaul.types import Trajectory
 # the call format and tool list are the workspace env's own words: one text teaches both
 TEAM_SYSTEM = ("{system}\nYour team: {roster}. You all work on the same files; you are the {role}.\n"
                + SYSTEM_PROMPT[SYSTEM_PROMPT.index("To use a tool"):])
+SOLO_SYSTEM = "{system}\n" + SYSTEM_PROMPT[SYSTEM_PROMPT.index("To use a tool"):]  # a one-role workflow: no team
 
 
 class _Fault(Exception):
@@ -241,7 +242,8 @@ def _role_messages(wf: Workflow, role: Role, reset_messages: list[dict], env_too
     schemas = [t for t in env_tools if t["function"]["name"] in role.tools]
     schemas += [TEAM_TOOLS[n] for n in role.tools if n in TEAM_TOOLS]
     roster = ", ".join(r.name for r in wf.roles)
-    system = TEAM_SYSTEM.format(system=role.system, roster=roster, role=role.name, tools=describe(schemas))
+    text = TEAM_SYSTEM if len(wf.roles) > 1 else SOLO_SYSTEM
+    system = text.format(system=role.system, roster=roster, role=role.name, tools=describe(schemas))
     return [{"role": "system", "content": system}, *(dict(x) for x in reset_messages if x.get("role") != "system")]
 
 

@@ -10,7 +10,8 @@ no policy. Running a workflow is `longhaul.agent.team`'s job, not this module's.
 
 Built-in workflows are `coder_tester` and `navigator_driver`; `load_workflow` also takes a YAML
 file or `package.module:Name` (a `Workflow`, or a mapping of its fields), resolved as task
-families are (`longhaul.envs.registry.load_object`).
+families are (`longhaul.envs.registry.load_object`). `solo(wf)` is a team workflow's single-agent
+counterpart with the same budgets, the baseline `longhaul team train` compares a team with.
 """
 
 from __future__ import annotations
@@ -163,6 +164,29 @@ def load_workflow(spec: str, family=None) -> Workflow:
         raise LonghaulError(f"unknown workflow {spec!r}; choose one of {', '.join(WORKFLOWS)}, a YAML file, "
                             "or name your own as package.module:Name")
     return wf if family is None else wf.check_tools(family_tools(family), family.name)
+
+
+SOLO_ROLE = "agent"
+SOLO_SYSTEM = ("You work alone in a Linux workspace at /work. Read the task and the files, change what the task asks, "
+               "run the tests, and submit when they pass.")
+
+
+def solo(wf: Workflow) -> Workflow:
+    """A team workflow's single-agent counterpart, the baseline a team is compared with: one role
+    with every tool the team's roles have (less `message`: there is nobody to write to), as many
+    replies a turn as the team's longest turn, and the team's budgets (turns, completion tokens,
+    turn timeout), so both spend at most the same tokens on a task."""
+    tools = list(dict.fromkeys(t for r in wf.roles for t in r.tools if t not in TEAM_TOOLS))
+    if "submit" not in tools:
+        raise LonghaulError(f"workflow {wf.name!r}: no role may submit, so it has no single-agent counterpart; "
+                            "give one role the submit tool")
+    caps = [r.max_new_tokens for r in wf.roles]
+    role = {"name": SOLO_ROLE, "policy": SOLO_ROLE, "tools": tools, "system": SOLO_SYSTEM,
+            "replies": max(r.replies for r in wf.roles), "max_new_tokens": None if None in caps else max(caps)}
+    return workflow_from({"name": f"{wf.name}_solo", "description": f"one agent in place of {wf.name}'s team",
+                          "roles": [role], "order": {"kind": "round_robin", "turns": [SOLO_ROLE]},
+                          "max_turns": wf.max_turns, "max_tokens": wf.max_tokens, "turn_timeout_s": wf.turn_timeout_s},
+                         f"{wf.name}_solo")
 
 
 def family_tools(family) -> list[str]:

@@ -5,7 +5,10 @@ the base, SFT and SFT+RL teams on the same tasks.
 
 `policies: shared` trains one model that acts for every role (its role prompts tell them apart);
 `per_role` trains one full copy per policy name of the workflow (LoRA adapters per role over one
-base are not here yet). Everything goes under `runs/<name>/`: `demos.jsonl`, `sft/<policy>/model`,
+base are not here yet). `solo: true` trains the workflow's single-agent counterpart instead
+(`workflows.solo`: one role, every tool, the team's budgets), and `compare: [single, per_role]`
+runs those variants after the main run, each under `runs/<name>/<variant>/`, with exact McNemar
+of the main run's last stage against each variant's on the same held-out tasks. Everything goes under `runs/<name>/`: `demos.jsonl`, `sft/<policy>/model`,
 `rl/<policy>/model`, `sft/team.json` and `rl/team.json` (which model acts for each role),
 `metrics.jsonl` (one line per RL step, per-role and per-policy keys), `eval_<stage>.json` and
 `team_train.json` (every figure). A stage whose output exists is not run again.
@@ -25,13 +28,13 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from longhaul.agent.loop import AgentConfig, ModelPolicy
 from longhaul.agent.team import run_team
 from longhaul.agent.team_demos import build_team_demos
 from longhaul.agent.team_run import summarize as summarize_roles
-from longhaul.agent.workflows import family_tools, load_workflow, workflow_from
+from longhaul.agent.workflows import family_tools, load_workflow, solo, workflow_from
 from longhaul.config import ModelConfig, RunConfig, Section
 from longhaul.envinfo import collect
 from longhaul.envs import get_family
@@ -86,6 +89,10 @@ class TeamTrainConfig(Section):
     # team rarely submits, so its episodes run the whole budget, and on CPU the budget is the run's wall clock
     budgets: dict = {}
     policies: Literal["shared", "per_role"] = "shared"  # one model for every role, or a full copy per policy name
+    solo: bool = False  # the workflow's single-agent counterpart in place of its team (workflows.solo), same budgets
+    # after this run, the same run again with one thing changed, under runs/<name>/<variant>, each compared with
+    # this run's last stage on the same held-out tasks: "single" (solo: true), "shared" or "per_role" (policies)
+    compare: list[Literal["single", "shared", "per_role"]] = []
     stages: list[Literal["sft", "rl"]] = ["sft", "rl"]  # [rl]: RL from the base with no cold start
     demos: TeamDemosConfig = TeamDemosConfig()
     sft: dict = {}  # overrides of the SFT stage's run config (as the pipeline's `sft`), e.g. {train: {steps: 16}}
@@ -99,6 +106,21 @@ class TeamTrainConfig(Section):
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.name
 
+    @model_validator(mode="after")
+    def _check_compare(self) -> TeamTrainConfig:
+        if len(set(self.compare)) < len(self.compare):
+            raise LonghaulError(f"compare lists a variant twice: {self.compare}; name each once")
+        if self.policies in self.compare:
+            raise LonghaulError(f"compare names {self.policies!r}, this run's own policies; compare with the other one")
+        if self.solo and self.compare:
+            raise LonghaulError("compare is for a team run; a solo run is itself the single-agent variant: drop compare")
+        return self
+
+    def variant(self, name: str) -> TeamTrainConfig:
+        """This run with one thing changed, under runs/<name>/<variant>."""
+        change = {"solo": True, "policies": "shared"} if name == "single" else {"policies": name}
+        return self.model_copy(update={**change, "name": f"{self.name}/{name}", "compare": []})
+
 
 class TeamTrainer:
     def __init__(self, cfg: TeamTrainConfig):
@@ -108,6 +130,8 @@ class TeamTrainer:
         if cfg.budgets:
             self.wf = workflow_from({**self.wf.model_dump(by_alias=True), **cfg.budgets}, cfg.workflow).check_tools(
                 family_tools(self.family), self.family.name)
+        if cfg.solo:
+            self.wf = solo(self.wf)
         names = sorted({r.policy for r in self.wf.roles})
         # which model acts for each of the workflow's policy names
         self.model_of = {p: "shared" if cfg.policies == "shared" else p for p in names}
@@ -206,6 +230,8 @@ class TeamTrainer:
             models = self.rl(models)
             evals["rl"] = self.evaluate("rl", models)
         summary = summarize(evals, self.timing, c)
+        if c.compare:
+            summary["compared"] = {v: compared(evals, TeamTrainer(c.variant(v)).run(), v) for v in c.compare}
         _write_json(self.dir / "team_train.json", summary)
         print_summary(summary)
         return summary
@@ -326,7 +352,8 @@ def summarize(evals: dict[str, dict], timing: dict, cfg: TeamTrainConfig) -> dic
         k, n = sum(e["passed"]), len(e["passed"])
         stages[s] = {"passed": k, "n": n, "pass_rate": k / max(1, n), "ci95": list(wilson(k, n)),
                      "infra_errors": e["infra_errors"], "roles": e["roles"]}
-    out = {"workflow": cfg.workflow, "family": cfg.family, "policies": cfg.policies, "model": cfg.model.name, "stages": stages}
+    out = {"workflow": cfg.workflow, "solo": cfg.solo, "family": cfg.family, "policies": cfg.policies, "model": cfg.model.name,
+           "run_dir": str(cfg.run_dir), "stages": stages}
     names = list(evals)
     for a, b in list(zip(names, names[1:])) + ([("base", names[-1])] if len(names) > 2 else []):
         out[f"{b}_vs_{a}"] = mcnemar_exact(evals[a]["passed"], evals[b]["passed"])
@@ -335,10 +362,22 @@ def summarize(evals: dict[str, dict], timing: dict, cfg: TeamTrainConfig) -> dic
     return out
 
 
+def compared(evals: dict[str, dict], other: dict, name: str) -> dict:
+    """A variant's stages beside this run's, and exact McNemar of this run's last stage against the
+    variant's last stage on the same held-out tasks."""
+    mine = evals[list(evals)[-1]]
+    theirs = json.loads((Path(other["run_dir"]) / f"eval_{list(other['stages'])[-1]}.json").read_text())
+    if theirs["task_ids"] != mine["task_ids"]:
+        raise LonghaulError(f"the {name} variant was evaluated on other tasks than this run; give both the same eval and seed")
+    return {"stages": other["stages"], "timing_s": other["timing_s"],
+            f"{mine['stage']}_vs_{name}_{theirs['stage']}": mcnemar_exact(theirs["passed"], mine["passed"])}
+
+
 def print_summary(summary: dict) -> None:
     from rich.table import Table
 
-    t = Table(title=f"held-out team pass@1: {summary['workflow']} on {summary['family']} (greedy, same tasks every stage)")
+    who = "single agent of " if summary.get("solo") else ""
+    t = Table(title=f"held-out team pass@1: {who}{summary['workflow']} on {summary['family']} (greedy, same tasks every stage)")
     for col in ("stage", "passed", "pass rate", "95% interval", "infra errors", *(f"{r} tokens" for r in
                                                                                 next(iter(summary["stages"].values()))["roles"])):
         t.add_column(col)
@@ -350,6 +389,12 @@ def print_summary(summary: dict) -> None:
     for key in [k for k in summary if "_vs_" in k]:
         m = summary[key]
         console.print(f"{key}: gained {m['gained']}, lost {m['lost']}, exact McNemar p = {m['p_value']:.3g}")
+    for name, c in summary.get("compared", {}).items():
+        rows = ", ".join(f"{s} {r['passed']}/{r['n']}" for s, r in c["stages"].items())
+        for key in [k for k in c if "_vs_" in k]:
+            m = c[key]
+            console.print(f"{name} variant ({rows}) -> {key}: gained {m['gained']}, lost {m['lost']}, "
+                          f"exact McNemar p = {m['p_value']:.3g}")
 
 
 def train_team(cfg: TeamTrainConfig) -> dict:
