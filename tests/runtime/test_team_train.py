@@ -33,6 +33,9 @@ def test_a_per_role_team_trains_end_to_end_beside_a_single_agent(tmp_path):
     summary = train_team(tiny(tmp_path, compare=["single"]))
     run = tmp_path / "team"
     single = summary["compared"]["single"]
+    page = (run / "report.html").read_text()
+    assert "turn 1: navigator" in page and "Variants, on the same held-out tasks" in page and "rl vs single rl" in page
+    assert "turn 1: agent" in (run / "single" / "report.html").read_text()
     assert list(single["stages"]) == ["base", "sft", "rl"] and set(single["stages"]["rl"]["roles"]) == {"agent"}
     assert {"rl_vs_single_rl"} == {k for k in single if "_vs_" in k}
     solo_rows = [json.loads(line) for line in (run / "single" / "demos.jsonl").read_text().splitlines()]

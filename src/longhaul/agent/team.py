@@ -84,6 +84,8 @@ class _Team:
     tokens: int = 0
     submitted: bool = False
     log: list[dict] = field(default_factory=list)  # the messages between roles, in order
+    # one entry a turn: the role, where its turn starts in that role's own messages, and how it ended
+    turn_log: list[dict] = field(default_factory=list)
 
 
 def _turn_order(order: Order):
@@ -274,7 +276,9 @@ def run_team_episode(wf: Workflow, policies: dict[str, Policy], tok, env, task, 
                 raise _Cut(f"role_turns:{name}")
             m.turns += 1  # counted as it starts: a turn a budget cuts short is still one taken
             team.turns += 1
+            team.turn_log.append({"turn": team.turns, "role": name, "first": len(m.ep.messages), "outcome": "unfinished"})
             outcome = _turn(tok, team, m)
+            team.turn_log[-1]["outcome"] = outcome
             team.submitted |= outcome == "submit"
             name = order.send(outcome)
     except StopIteration:
@@ -314,7 +318,8 @@ def _close_team(team: _Team, env, task, ended: str, why: str | None, rewards: di
             m.ep.info["infra_error"] = why
         t = _finish(m.ep, team.cfg, score)
         t.info.update(submitted=team.submitted, role_turns=m.turns, team_turns=team.turns, team_tokens=team.tokens,
-                      team_messages=[dict(x) for x in team.log], tokens=t.completion_len)
+                      team_messages=[dict(x) for x in team.log], team_turn_log=[dict(x) for x in team.turn_log],
+                      tokens=t.completion_len)
         if name in extra:
             t.info["role_reward"] = extra[name]
         out.append(t)

@@ -135,9 +135,13 @@ def write_pipeline_report(run_dir: Path, summary: dict) -> Path:
         body += ["<h2>HumanEval pass@1 (greedy)</h2>", _stage_table(summary["humaneval"])]
     body += ["<h2>Training</h2>", _curves(run_dir),
              f"<h2>Held-out episodes, {stages[0]} and {stages[-1]}</h2>", _episodes(run_dir, stages, cfg["eval"]["show"])]
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>longhaul pipeline {html.escape(cfg['name'])}</title>"
+    return write_page(run_dir / "report.html", f"longhaul pipeline {cfg['name']}", body)
+
+
+def write_page(out: Path, title: str, body: list[str]) -> Path:
+    """An HTML page with the reports' style, written to a temporary name and renamed."""
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>")
-    out = run_dir / "report.html"
     tmp = out.with_suffix(".html.tmp")
     tmp.write_text(page)
     os.replace(tmp, out)

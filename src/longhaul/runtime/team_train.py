@@ -11,7 +11,7 @@ runs those variants after the main run, each under `runs/<name>/<variant>/`, wit
 of the main run's last stage against each variant's on the same held-out tasks. Everything goes under `runs/<name>/`: `demos.jsonl`, `sft/<policy>/model`,
 `rl/<policy>/model`, `sft/team.json` and `rl/team.json` (which model acts for each role),
 `metrics.jsonl` (one line per RL step, per-role and per-policy keys), `eval_<stage>.json` and
-`team_train.json` (every figure). A stage whose output exists is not run again.
+`team_train.json` (every figure) and `report.html`. A stage whose output exists is not run again.
 
 Why a driver of its own and not a pipeline option: the pipeline's RL stage is the general online
 runner (`runtime.train`: rollout workers, replay, async) over single-agent tasks; team episodes
@@ -42,6 +42,7 @@ from longhaul.envs.datasets import write_jsonl
 from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.errors import LonghaulError
 from longhaul.eval.stats import mcnemar_exact, wilson
+from longhaul.eval.team_report import write_team_report
 from longhaul.inference import context_length
 from longhaul.models import load_policy
 from longhaul.models.lora import apply_lora
@@ -73,6 +74,7 @@ class TeamEvalConfig(Section):
     tasks: int = Field(20, ge=1)  # held-out tasks, the same for every stage (paired: exact McNemar)
     max_new_tokens: int = Field(192, ge=1)  # per reply
     workers: int = Field(4, ge=1)  # episodes at once where the sampler batches them (the engine)
+    show: int = Field(3, ge=0)  # held-out episodes the report shows turn by turn, first stage beside last
 
 
 class TeamTrainConfig(Section):
@@ -234,6 +236,7 @@ class TeamTrainer:
             summary["compared"] = {v: compared(evals, TeamTrainer(c.variant(v)).run(), v) for v in c.compare}
         _write_json(self.dir / "team_train.json", summary)
         print_summary(summary)
+        console.print(f"report: {write_team_report(self.dir, summary, c.eval.show)}")
         return summary
 
 
@@ -267,10 +270,17 @@ def _eval_stage(cfg: TeamTrainConfig, stage: str, paths: dict[str, str]) -> None
     scored = [e[0].info["ended"] != "infra_error" for e in episodes]
     out = {**summarize_roles(episodes), "stage": stage, "task_ids": [t.task_id for t in tasks],
            "passed": [bool(e[0].info.get("passed")) for e in episodes], "scored": scored}
-    write_jsonl([{"task_id": t.info.get("task_id"), "role": t.info["role"], "passed": t.info.get("passed"),
-                  "ended": t.info["ended"], "messages": t.info.get("messages", [])} for e in episodes for t in e],
-                tt.dir / f"episodes_{stage}.jsonl")
+    write_jsonl(episode_rows(episodes), tt.dir / f"episodes_{stage}.jsonl")
     _write_json(tt.dir / f"eval_{stage}.json", out)
+
+
+def episode_rows(episodes: list[list]) -> list[dict]:
+    """One row per role and episode for `episodes_<stage>.jsonl`: the role's chat, the team's turn
+    order and messages, its tokens and invalid calls (what the report shows turn by turn)."""
+    return [{"task_id": t.info.get("task_id"), "role": t.info["role"], "passed": t.info.get("passed"), "ended": t.info["ended"],
+             "why": t.info.get("truncated_by") or t.info.get("infra_error"), "messages": t.info.get("messages", []),
+             "turn_log": t.info.get("team_turn_log", []), "team_messages": t.info.get("team_messages", []),
+             "tokens": t.completion_len, "invalid_calls": t.info.get("invalid_calls", 0)} for e in episodes for t in e]
 
 
 def _rl_stage(cfg: TeamTrainConfig, start: dict[str, str]) -> None:
