@@ -84,7 +84,8 @@ class BlockManager:
         """Extend and return the chain hashes of seq's full blocks."""
         bs, hashes = self.block_size, seq.block_hashes
         for i in range(len(hashes), len(seq.token_ids) // bs):
-            hashes.append(chain_hash(hashes[-1] if hashes else None, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
+            parent = hashes[-1] if hashes else getattr(seq, "cache_root", None)
+            hashes.append(chain_hash(parent, tuple(seq.token_ids[i * bs:(i + 1) * bs])))
         return hashes
 
     def match_prefix(self, seq) -> list[int | Offloaded]:

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from longhaul.errors import LonghaulError
-from longhaul.inference.block_manager import BlockManager
+from longhaul.inference.block_manager import BlockManager, chain_hash
 from longhaul.inference.config import EngineConfig
 from longhaul.inference.engine_loop import EngineLoop
 from longhaul.inference.kv_cache import KVCache
@@ -96,6 +96,9 @@ class LLMEngine:
         self._cond = threading.Condition()
         self._paused = False
         self.spec = None  # a spec_worker.SpecDecoder takes over forward + sample when set
+        self.loras: dict[str, int] = {}  # LoRA adapter name -> the runner's slot
+        self._lora_roots: dict[str, int] = {}  # name -> the prefix-cache root of its requests (new at each replacement)
+        self._lora_updates = 0
         self.threads = ThreadGovernor() if cfg.adaptive_threads else None  # intra-op threads from measured step times
         self.step_threads = 0  # the intra-op thread count the last step ran with
         if speculative_config is not None:
@@ -124,6 +127,14 @@ class LLMEngine:
             raise LonghaulError("stop strings need a tokenizer; pass one to LLMEngine or use stop_token_ids")
         seed = params.seed if params.seed is not None else (self.config.seed * 1_000_003 + self._num_added) % 2**63
         seq = Sequence(request_id, ids, params, self.eos_token_ids, seed, self.max_model_len, text)
+        if params.lora is not None:
+            if params.lora not in self.loras:
+                have = ", ".join(self.loras) or "none added"
+                raise LonghaulError(f"request {request_id!r} asks for LoRA adapter {params.lora!r}, which this engine does not have "
+                                    f"({have}); add it with add_lora first")
+            if self.spec is not None:
+                raise LonghaulError("LoRA adapters do not run with speculative decoding; drop speculative_config or the adapter")
+            seq.lora, seq.cache_root = self.loras[params.lora], self._lora_roots[params.lora]
         worst = self.block_manager.blocks_for(seq.num_prompt_tokens + seq.max_tokens)
         if worst > self.block_manager.num_blocks:
             raise LonghaulError(f"request {request_id!r} may need {worst} KV blocks but the pool has {self.block_manager.num_blocks}; "
@@ -183,7 +194,7 @@ class LLMEngine:
         items = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             c = seq.num_computed_tokens
-            items.append(BatchItem(seq.token_ids[c:c + n], c, seq.block_table, int(c + n == seq.num_tokens)))
+            items.append(BatchItem(seq.token_ids[c:c + n], c, seq.block_table, int(c + n == seq.num_tokens), seq.lora))
         logits = self.runner.forward(self.runner.prepare(items))
         sampling = [s for s, it in zip(batch.seqs, items) if it.num_logits]
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
@@ -276,6 +287,38 @@ class LLMEngine:
             self.block_manager.flush()
             self.weight_version = int(version)
         return loaded
+
+    # ---- LoRA adapters -------------------------------------------------------------------
+    def add_lora(self, name: str, adapter, scale: float | None = None) -> int:
+        """Add (or replace) the LoRA adapter `name`: a peft-wrapped model, a directory with
+        `adapter_model.safetensors` and `adapter_config.json`, or a dict of PEFT-named lora_A /
+        lora_B tensors with `scale` (alpha / r). Requests with `SamplingParams(lora=name)` run
+        with it, batched with the base model's and other adapters' requests in the same steps.
+        Replacing an adapter re-prefills its requests in flight under the new weights and keeps
+        its old K/V out of the prefix cache. Returns the adapter's slot."""
+        tensors, scale = _adapter_tensors(adapter, scale)
+        with self._step_lock:
+            slot = self.loras.get(name) or max([0, *self.loras.values()]) + 1
+            self.runner.set_lora(slot, tensors, scale)
+            self._lora_updates += 1
+            root = chain_hash(None, (-1, slot, self._lora_updates))  # no token id is negative: apart from every prompt
+            self.loras[name], self._lora_roots[name] = slot, root
+            for seq in [s for s in self.scheduler.running if s.lora == slot]:
+                self.scheduler.running.remove(seq)
+                self.scheduler.preempt(seq, count=False)
+            for seq in self.scheduler.waiting:
+                if seq.lora == slot:
+                    seq.cache_root, seq.block_hashes = root, []
+        return slot
+
+    def remove_lora(self, name: str) -> None:
+        with self._step_lock:
+            if name not in self.loras:
+                raise LonghaulError(f"no LoRA adapter {name!r} in this engine; it has {', '.join(self.loras) or 'none'}")
+            if any(s.lora == self.loras[name] for s in self.requests.values() if not s.finished):
+                raise LonghaulError(f"LoRA adapter {name!r} has requests in flight; let them finish or abort them first")
+            self.runner.drop_lora(self.loras.pop(name))
+            del self._lora_roots[name]
 
     def loop(self) -> EngineLoop:
         """This engine's own stepping thread for requests submitted from many threads at once
@@ -395,3 +438,34 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     if path.is_file():
         return torch.load(path, map_location="cpu", weights_only=True)
     raise LonghaulError(f"weights {str(path)!r} not found; pass a dict of tensors, a .safetensors file or a directory")
+
+
+def _adapter_tensors(adapter, scale: float | None) -> tuple[dict[str, torch.Tensor], float]:
+    """(PEFT-named lora_A / lora_B tensors, alpha / r) of a peft model, an adapter directory, or
+    a dict of tensors with its scale."""
+    from longhaul.models.lora import is_lora
+
+    if isinstance(adapter, dict):
+        if scale is None:
+            raise LonghaulError("a LoRA adapter given as tensors needs its scale (lora_alpha / r); pass scale=")
+        return adapter, float(scale)
+    if isinstance(adapter, (str, Path)):
+        import json
+
+        from safetensors.torch import load_file
+
+        path = Path(adapter)
+        if not (path / "adapter_model.safetensors").is_file() or not (path / "adapter_config.json").is_file():
+            raise LonghaulError(f"{path} is not a LoRA adapter directory; it needs adapter_model.safetensors and adapter_config.json")
+        cfg = json.loads((path / "adapter_config.json").read_text())
+        return load_file(path / "adapter_model.safetensors"), _peft_scale(cfg["lora_alpha"], cfg["r"], cfg.get("use_rslora", False))
+    if is_lora(adapter):
+        cfg = adapter.peft_config[adapter.active_adapter]
+        active = f".{adapter.active_adapter}."
+        tensors = {n.replace(active, "."): p.detach() for n, p in adapter.named_parameters() if "lora_" in n and active in n}
+        return tensors, _peft_scale(cfg.lora_alpha, cfg.r, getattr(cfg, "use_rslora", False))
+    raise LonghaulError(f"a LoRA adapter is a peft model, an adapter directory or a dict of tensors, not a {type(adapter).__name__}")
+
+
+def _peft_scale(alpha: float, r: int, rslora: bool) -> float:
+    return alpha / r ** 0.5 if rslora else alpha / r

@@ -29,6 +29,11 @@ down)`, `logits(logits)` and `clear()`), every forward hands it each layer's lin
 the logits, and `prepare` notes which item (block table) owns which rows; `load_weights` clears
 it. `rl.rollout_activations` uses this to reuse a rollout's forward as the training forward.
 
+LoRA adapters (`set_lora`): a slot's rank-r updates of the attention and MLP projections, added
+to the rows of the tokens that run with it (`BatchItem.lora`), so one forward serves the base
+model and any number of adapters side by side (multi-LoRA serving, as vLLM and SGLang batch it);
+a batch with adapter tokens runs the per-layer path, not the one-call native decode step.
+
 Extension points: every projection goes through `linear.linear(x, w, b)`, so a weight may be
 any callable `w(x) = x @ W.T`. `pack_weights()` turns the plain weights in `layers` into what
 the forward calls (`linear.pack` on CPU: the native small-batch kernels for fp32 and bf16 decode
@@ -40,6 +45,7 @@ kernel on a GPU.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +58,8 @@ from longhaul.ops.linear import PackedLinear, SmallBatchLinear, SmallBatchLinear
 from longhaul.ops.rope import Rope, apply_rope
 
 SUPPORTED = ("llama", "qwen2")
+# PEFT's names: `base_model.model.<HF weight name less .weight>.lora_A[.<adapter>].weight`
+_LORA_NAME = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
 
 
 @dataclass
@@ -62,6 +70,7 @@ class BatchItem:
     start: int  # position of the first new token = tokens already in the cache
     block_table: list[int]  # covering start + len(token_ids) tokens
     num_logits: int = 1  # logits for the last num_logits new tokens
+    lora: int = 0  # the LoRA adapter slot its tokens run with (`ModelRunner.set_lora`); 0: the base weights
 
 
 @dataclass
@@ -78,6 +87,7 @@ class ForwardBatch:
     decode_lens: torch.Tensor | None  # (Bd,) context lengths, this step's token included
     chunks: list[tuple[int, int, torch.Tensor, torch.Tensor]]  # (offset in N, T, block table (1, nb), mask (G*T, L))
     owners: list[tuple[list[int], int, int, int]] | None = None  # with a recorder: (block table, start, tokens, offset in N) an item
+    lora: list[tuple[int, torch.Tensor | None]] = ()  # (adapter slot, its rows of N; None: every row) for slots other than 0
 
 
 class _Layer:
@@ -124,6 +134,8 @@ class ModelRunner:
         self._load(dict(model.state_dict()))
         self.pack_weights()
         self.recorder = None  # optional: sees every forward's linear outputs and logits (`rl.rollout_activations`)
+        # LoRA adapters by slot: (layer, projection) -> (A^T (K, R), B^T * scale (R, M)), ranks of a fused projection's parts side by side
+        self.loras: dict[int, dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]] = {}
         self.fused_step = True  # decode-only steps run their layers in one native call (`native_layers`) where they can
 
     # ---- weights -------------------------------------------------------------------------
@@ -275,6 +287,69 @@ class ModelRunner:
             self.recorder.clear()
         return loaded
 
+    # ---- LoRA adapters -------------------------------------------------------------------
+    @torch.no_grad()
+    def set_lora(self, slot: int, tensors: dict[str, torch.Tensor], scale: float) -> None:
+        """Adapter `slot` (>= 1) from PEFT-named `...<proj>.lora_A.weight` (r, K) and
+        `...lora_B.weight` (M, r) tensors of the attention and MLP projections; a token run with
+        the slot gets `x @ A.T @ B.T * scale` added to each projection's output. Parts of a fused
+        projection (q, k, v; gate, up) lay their ranks side by side, each B writing its own rows.
+        Replaces what the slot held."""
+        if slot < 1:
+            raise LonghaulError(f"LoRA slot {slot} is the base weights'; use a slot of 1 or more")
+        pairs: dict[str, dict[str, torch.Tensor]] = {}
+        for name, t in tensors.items():
+            m = _LORA_NAME.match(name)
+            if m is None:
+                raise LonghaulError(f"adapter tensor {name!r} is not a LoRA weight; pass PEFT's ...lora_A.weight and ...lora_B.weight")
+            target = m.group(1) + ".weight"
+            pairs.setdefault(target, {})[m.group(2)] = t
+        parts: dict[tuple[int, str], list[tuple[torch.Tensor, torch.Tensor, int, int]]] = {}
+        for target, ab in pairs.items():
+            where = self._targets.get(target)
+            if where is None or where[1] not in _PROJECTIONS or where[0] not in self.layers:
+                raise LonghaulError(f"adapter on {target!r}: the engine runs adapters on the attention and MLP projections "
+                                    f"(q, k, v, o, gate, up, down) only")
+            if set(ab) != {"A", "B"}:
+                raise LonghaulError(f"adapter on {target!r} has lora_{''.join(ab)} but not both A and B")
+            holder, attr, r0, r1 = where
+            a, b = ab["A"], ab["B"]
+            if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1] or b.shape[0] != r1 - r0:
+                raise LonghaulError(f"adapter on {target!r}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit "
+                                    f"a weight of {r1 - r0} rows")
+            parts.setdefault((self.layers.index(holder), attr), []).append((a, b, r0, r1))
+        out = {}
+        for (i, attr), ps in parts.items():
+            rank, k = sum(a.shape[0] for a, *_ in ps), ps[0][0].shape[1]
+            m = self._rows(i, attr)
+            at, bt, c = torch.zeros(k, rank, dtype=self.dtype), torch.zeros(rank, m, dtype=self.dtype), 0
+            for a, b, r0, r1 in ps:
+                at[:, c:c + a.shape[0]] = a.t()
+                bt[c:c + a.shape[0], r0:r1] = b.t() * scale
+                c += a.shape[0]
+            out[(i, attr)] = (at.to(self.device), bt.to(self.device))
+        self.loras[slot] = out
+
+    def drop_lora(self, slot: int) -> None:
+        self.loras.pop(slot, None)
+
+    def _rows(self, layer: int, attr: str) -> int:
+        """Rows of a layer's (fused) projection: the end of the last HF weight fused into it."""
+        holder = self.layers[layer]
+        return max(r1 for h, a, _, r1 in self._targets.values() if h is holder and a == attr)
+
+    def _lora(self, y: torch.Tensor, x: torch.Tensor, layer: int, attr: str, batch: ForwardBatch) -> torch.Tensor:
+        """y (N, M), the projection of x (N, K), plus each adapter's update on its own rows."""
+        for slot, rows in batch.lora:
+            ab = self.loras[slot].get((layer, attr))
+            if ab is None:
+                continue
+            if rows is None:
+                y.add_((x @ ab[0]) @ ab[1])
+            else:
+                y.index_add_(0, rows, (x.index_select(0, rows) @ ab[0]) @ ab[1])
+        return y
+
     # ---- batch ---------------------------------------------------------------------------
     def prepare(self, items: list[BatchItem]) -> ForwardBatch:
         """Lay the items' new tokens end to end (decode items first) and build every index and
@@ -309,8 +384,16 @@ class ModelRunner:
         owners = None
         if self.recorder is not None:  # the block table list is the item's identity while it is resident
             owners = [(items[i].block_table, items[i].start, len(items[i].token_ids), offset[i]) for i in order]
+        by_slot: dict[int, list[int]] = {}
+        for i in order:
+            if items[i].lora:
+                by_slot.setdefault(items[i].lora, []).extend(range(offset[i], offset[i] + len(items[i].token_ids)))
+        lora = [(slot, None if len(rows) == len(ids) else as_t(rows)) for slot, rows in by_slot.items()]
+        unknown = [slot for slot in by_slot if slot not in self.loras]
+        if unknown:
+            raise LonghaulError(f"no LoRA adapter in slot {unknown[0]}; set it with set_lora first")
         return ForwardBatch(as_t(ids), as_t(pos), as_t(slots), as_t(logits_idx), len(dec), decode_bt, decode_mask, ctx, chunks,
-                            owners)
+                            owners, lora)
 
     # ---- forward -------------------------------------------------------------------------
     @torch.no_grad()
@@ -329,7 +412,7 @@ class ModelRunner:
         nothing = (None,) * 4
         layers = self._exec
         if self.fused_step and fused_cache and rec is None and self._native_layers is not None and batch.num_decode == n \
-                and n <= self._native_layers[1]:
+                and n <= self._native_layers[1] and not batch.lora:
             layers = ()  # every layer in one native call
             h = self._native_layers[0].run(h, self.kv.k, self.kv.v, cos, sin, batch.slot_mapping,
                                            batch.decode_block_tables, batch.decode_lens, self.kv.block_size, hq, self.eps)
@@ -337,18 +420,25 @@ class ModelRunner:
             # a recorded forward: the projections are written straight into the recorder's rows
             outs = rec.outputs(i) if rec is not None else nothing
             x = self._rms_norm(h, ln1)
-            qkv = linear(x, qkv_w, qkv_b, outs[0]).view(n, hq + 2 * hkv, d)
+            qkv = linear(x, qkv_w, qkv_b, outs[0])
+            if batch.lora:
+                qkv = self._lora(qkv, x, i, "qkv", batch)
+            qkv = qkv.view(n, hq + 2 * hkv, d)
             if fused_cache:  # RoPE and the cache write in one native pass
                 q = self.native.rope_and_cache(qkv, cos, sin, self.kv.k[i], self.kv.v[i], batch.slot_mapping, hq)
             else:
                 qk = apply_rope(qkv[:, :hq + hkv], cos, sin)  # (N, Hq + Hkv, D)
                 self.kv.write(i, batch.slot_mapping, qk[:, hq:], qkv[:, hq + hkv:])
                 q = qk[:, :hq]
-            h = h + linear(self.attention(i, q, batch), o_w, o_b, outs[1])
+            a = self.attention(i, q, batch)
+            o = linear(a, o_w, o_b, outs[1])
+            h = h + (self._lora(o, a, i, "o", batch) if batch.lora else o)
             x = self._rms_norm(h, ln2)
-            gate, up = linear(x, gu_w, gu_b, outs[2]).chunk(2, dim=-1)
+            gu = linear(x, gu_w, gu_b, outs[2])
+            gate, up = (self._lora(gu, x, i, "gate_up", batch) if batch.lora else gu).chunk(2, dim=-1)
             act = self.native.swiglu(gate, up) if self.native is not None and gate.dtype == self.dtype else F.silu(gate) * up
-            h = h + linear(act, down_w, down_b, outs[3])
+            down = linear(act, down_w, down_b, outs[3])
+            h = h + (self._lora(down, act, i, "down", batch) if batch.lora else down)
         h = self._rms_norm(h.index_select(0, batch.logits_indices), self.norm)
         logits = linear(h, self._lm_head).float()
         if rec is not None:

@@ -53,6 +53,7 @@ class SamplingParams:
     logprobs: int | None = None  # also return the top-n logprobs of every position
     logprobs_mode: str = "processed"  # "processed" (the sampled distribution) or "raw"
     skip_special_tokens: bool = True  # when detokenizing `text`
+    lora: str | None = None  # a LoRA adapter added with `LLMEngine.add_lora` (vLLM passes a LoRARequest); None: the base
     stop_strings: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self):

@@ -42,6 +42,8 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # chain hashes of full blocks (filled by the block manager)
+        self.lora = 0  # the LoRA adapter slot it runs with (0: the base weights)
+        self.cache_root: int | None = None  # the parent of its first block's hash: an adapter's K/V is its own
         self.num_cached_blocks = 0  # of block_table, registered in the prefix cache
         self.kv_stale = False  # its K/V spans a weight update (kept in flight): never shared through the prefix cache
         self.num_cached_tokens: int | None = None  # prefix-cache hit of the first schedule
