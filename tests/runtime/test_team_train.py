@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from longhaul.config import validate_config
 from longhaul.errors import LonghaulError
@@ -76,6 +78,10 @@ def test_bad_configs_are_refused_at_load(tmp_path):
         tiny(tmp_path, compare=["single", "single"])
     with pytest.raises(LonghaulError, match="drop compare"):
         tiny(tmp_path, solo=True, compare=["shared"])
+    with pytest.raises(LonghaulError, match="set rl.rollout.sampler to engine"):
+        TeamTrainer(tiny(tmp_path, policies="adapters", rl={"rollout": {"sampler": "hf"}}))
+    with pytest.raises(LonghaulError, match="set rl.train.lora_r above 0"):
+        TeamTrainer(tiny(tmp_path, policies="adapters", rl={"train": {"lora_r": 0}}))
     single = tiny(tmp_path, compare=["single", "shared"]).variant("single")
     assert single.solo and single.policies == "shared" and single.compare == [] and single.run_dir == tmp_path / "team" / "single"
     assert [r.name for r in TeamTrainer(single).wf.roles] == ["agent"]
@@ -91,3 +97,47 @@ def test_the_command_refuses_a_bad_config_in_one_line(tmp_path):
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0] == "error: family 'humaneval' is single-turn; a team shares a workspace: choose a workspace family"
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow  # ~20 s: SFT of two adapters, an RL step on one engine, three evaluations
+def test_one_adapter_per_role_over_one_base(tmp_path):
+    summary = train_team(tiny(tmp_path, policies="adapters", rl={"rollout": {"prompts_per_step": 1, "group_size": 2, "max_new_tokens": 16},
+                                                                 "train": {"steps": 1, "micro_batch": 2, "autocast": "none", "lora_r": 4}}))
+    run = tmp_path / "team"
+    assert list(summary["stages"]) == ["base", "sft", "rl"]
+    (m,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    manifest = json.loads((run / "rl" / "team.json").read_text())
+    assert manifest["policies"] == "adapters" and manifest["base"] == "tiny-llama"
+    for role in ("navigator", "driver"):
+        adapter = Path(manifest["roles"][role])
+        assert adapter == run / "rl" / role / "adapter" and not (adapter / "config.json").exists()
+        cfg = json.loads((adapter / "adapter_config.json").read_text())
+        assert cfg["r"] == 4 and (adapter / "adapter_model.safetensors").is_file()
+        sft = json.loads((run / "sft" / role / "adapter" / "adapter_config.json").read_text())
+        assert sft["r"] == 4  # SFT trained the adapter RL goes on with, of the RL stage's rank
+        before, after = (load_file(d / "adapter_model.safetensors") for d in (run / "sft" / role / "adapter", adapter))
+        assert before.keys() == after.keys() and any(v.abs().max() > 0 for k, v in before.items() if "lora_B" in k)
+        # RL goes on with the SFT adapter (a new one would have lora_B all zero): a tiny random team's
+        # episodes all fail, so no group has a signal and the adapter comes out as it went in
+        trained = m[f"policy/{role}/num_trained_seqs"] > 0
+        assert any(not torch.equal(before[k], after[k]) for k in before) == trained
+    assert {"policy/navigator/loss", "policy/driver/loss"} <= set(m)
+
+
+def test_each_role_s_adapter_wraps_a_copy_that_shares_the_base_weights():
+    from longhaul.models import load_policy
+    from longhaul.models.lora import apply_lora
+    from longhaul.runtime.team_train import _sharing
+
+    base, _ = load_policy("tiny-llama")
+    twins = [apply_lora(_sharing(base), 4, 8, 0.0, ["q_proj", "v_proj"], "tiny-llama") for _ in range(2)]
+    ptrs = {n: p.data_ptr() for n, p in base.named_parameters()}
+    for twin in twins:
+        shared = {n.removeprefix("base_model.model.").replace(".base_layer", ""): p.data_ptr()
+                  for n, p in twin.named_parameters() if "lora_" not in n}
+        assert shared == ptrs  # every base weight is the base's own tensor, not a copy
+    a, b = ({n for n, p in t.named_parameters() if p.requires_grad} for t in twins)
+    assert a == b and a and all("lora_" in n for n in a)
+    assert not any("lora_" in n for n, _ in base.named_parameters())  # the base itself stays plain
+    assert twins[0].base_model.model.model.layers[0].self_attn.q_proj.lora_A["default"].weight is not \
+        twins[1].base_model.model.model.layers[0].self_attn.q_proj.lora_A["default"].weight

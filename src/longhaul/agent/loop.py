@@ -48,10 +48,11 @@ class ModelPolicy:
     """A model through the rollout `generate`: the engine (which takes concurrent calls and
     batches them) or a plain HF model. With the engine, each reply is seeded from (seed, episode
     key, the key's call count), so an episode's samples do not depend on what ran beside it;
-    without keys, or with the HF sampler, each call advances the seed."""
+    without keys, or with the HF sampler, each call advances the seed. `lora`: the engine's LoRA
+    adapter this policy samples with (one engine, one adapter per role of a team)."""
 
-    def __init__(self, model, tok, version: int = 0, seed: int = 0):
-        self.model, self.tok, self.version, self.seed = model, tok, version, seed
+    def __init__(self, model, tok, version: int = 0, seed: int = 0, lora: str | None = None):
+        self.model, self.tok, self.version, self.seed, self.lora = model, tok, version, seed, lora
         self._calls: dict[str, int] = {}
 
     @property
@@ -68,9 +69,9 @@ class ModelPolicy:
                 n = self._calls.get(key, 0)
                 self._calls[key] = n + 1  # one thread per key: no other writer
                 seeds.append((self.seed * 1_000_003 + zlib.crc32(f"{key}#{n}".encode())) % 2**63)
-            outs = generate(self.model, self.tok, prompts, sampling, seeds=seeds)
+            outs = generate(self.model, self.tok, prompts, sampling, seeds=seeds, lora=self.lora)
         else:
-            outs = generate(self.model, self.tok, prompts, sampling, seed=self.seed)
+            outs = generate(self.model, self.tok, prompts, sampling, seed=self.seed, lora=self.lora)
             self.seed += 1
         return [Generation(o.token_ids, o.logprobs, o.finish_reason, self.version, list(o.versions)) for o in outs]
 

@@ -289,13 +289,14 @@ class LLMEngine:
         return loaded
 
     # ---- LoRA adapters -------------------------------------------------------------------
-    def add_lora(self, name: str, adapter, scale: float | None = None) -> int:
+    def add_lora(self, name: str, adapter, scale: float | None = None, version: int | None = None) -> int:
         """Add (or replace) the LoRA adapter `name`: a peft-wrapped model, a directory with
         `adapter_model.safetensors` and `adapter_config.json`, or a dict of PEFT-named lora_A /
         lora_B tensors with `scale` (alpha / r). Requests with `SamplingParams(lora=name)` run
         with it, batched with the base model's and other adapters' requests in the same steps.
         Replacing an adapter re-prefills its requests in flight under the new weights and keeps
-        its old K/V out of the prefix cache. Returns the adapter's slot."""
+        its old K/V out of the prefix cache. `version`, as `update_weights`'s, tags later tokens.
+        Returns the adapter's slot."""
         tensors, scale = _adapter_tensors(adapter, scale)
         with self._step_lock:
             slot = self.loras.get(name) or max([0, *self.loras.values()]) + 1
@@ -309,6 +310,8 @@ class LLMEngine:
             for seq in self.scheduler.waiting:
                 if seq.lora == slot:
                     seq.cache_root, seq.block_hashes = root, []
+            if version is not None:
+                self.weight_version = int(version)
         return slot
 
     def remove_lora(self, name: str) -> None:

@@ -19,6 +19,7 @@ import itertools
 
 import torch
 
+from longhaul.errors import LonghaulError
 from longhaul.inference.engine import LLMEngine
 from longhaul.inference.engine_loop import ThreadStream
 from longhaul.inference.hf_sampler import Completion, RolloutParams
@@ -28,8 +29,11 @@ from longhaul.models.lora import is_lora, unwrap
 
 
 def generate(sampler, tok, prompts: list[list[int]], params: RolloutParams, seed: int = 0,
-             seeds: list[int] | None = None) -> list[Completion]:
+             seeds: list[int] | None = None, lora: str | None = None) -> list[Completion]:
+    """`lora`: the engine's LoRA adapter the requests run with (`LLMEngine.add_lora`)."""
     if not isinstance(sampler, LLMEngine):
+        if lora is not None:
+            raise LonghaulError("LoRA adapters run on the engine; set rollout.sampler to engine")
         return hf_generate(sampler, tok, prompts, params, seed=seed)
     if not prompts or any(len(x) == 0 for x in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -38,7 +42,7 @@ def generate(sampler, tok, prompts: list[list[int]], params: RolloutParams, seed
     seeds = seeds if seeds is not None else [(seed * 1_000_003 + i) % (2 ** 63) for i in range(len(prompts))]
     reqs = [SamplingParams(max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
                          stop=list(params.stop) or None, include_stop_str_in_output=True, skip_special_tokens=False,
-                         seed=s) for s in seeds]
+                         seed=s, lora=lora) for s in seeds]
     outs = _stepped(sampler, [list(p) for p in prompts], reqs)
     return [Completion(list(o.token_ids), list(o.logprobs), "length" if o.finish_reason == "length" else "stop", list(o.weight_version))
             for o in outs]

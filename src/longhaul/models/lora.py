@@ -56,3 +56,34 @@ def merged_from_checkpoint(path: Path):
     peft = _peft()
     model = peft.PeftModel.from_pretrained(base, str(path))
     return model.merge_and_unload(), tok
+
+
+def load_lora(model, path: Path, trainable: bool = True):
+    """`model` wrapped with the adapter saved in `path` (peft's adapter_config.json and
+    adapter_model.safetensors), trainable to go on training it."""
+    peft = _peft()
+    return peft.PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
+
+
+def is_adapter_dir(path) -> bool:
+    return (Path(path) / "adapter_config.json").is_file()
+
+
+def copy_adapter(src: Path, out: Path) -> Path:
+    """A checkpoint's adapter files (config and weights, not the base) copied to `out`, atomically."""
+    import os
+    import shutil
+    import tempfile
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            shutil.copy2(Path(src) / name, tmp / name)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

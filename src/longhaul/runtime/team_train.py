@@ -4,8 +4,11 @@ episodes with advantages grouped by (task, role) and turn, and greedy held-out t
 the base, SFT and SFT+RL teams on the same tasks.
 
 `policies: shared` trains one model that acts for every role (its role prompts tell them apart);
-`per_role` trains one full copy per policy name of the workflow (LoRA adapters per role over one
-base are not here yet). `solo: true` trains the workflow's single-agent counterpart instead
+`per_role` trains one full copy per policy name of the workflow; `adapters` trains one LoRA
+adapter per policy name over one base model: SFT trains each role's adapter on its own rows, RL
+goes on with it (each adapter wraps a copy of the base that shares its weights), and one engine
+holds the base and every adapter, so all roles' turns share its decoding steps; stage outputs are
+adapter directories (`sft/<policy>/adapter`, `rl/<policy>/adapter`). `solo: true` trains the workflow's single-agent counterpart instead
 (`workflows.solo`: one role, every tool, the team's budgets), and `compare: [single, per_role]`
 runs those variants after the main run, each under `runs/<name>/<variant>/`, with exact McNemar
 of the main run's last stage against each variant's on the same held-out tasks. Everything goes under `runs/<name>/`: `demos.jsonl`, `sft/<policy>/model`,
@@ -22,6 +25,7 @@ that end in an infrastructure error are counted, and masked out of baselines and
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from pathlib import Path
@@ -45,7 +49,7 @@ from longhaul.eval.stats import mcnemar_exact, wilson
 from longhaul.eval.team_report import write_team_report
 from longhaul.inference import context_length
 from longhaul.models import load_policy
-from longhaul.models.lora import apply_lora
+from longhaul.models.lora import apply_lora, copy_adapter, is_adapter_dir, load_lora
 from longhaul.rl.checkpoint import export_checkpoint, save_checkpoint
 from longhaul.rl.grpo import GRPOTrainer
 from longhaul.rl.teams import role_groups
@@ -62,6 +66,9 @@ from longhaul.runtime.pipeline import (
 from longhaul.runtime.pool import policy_tensors
 from longhaul.runtime.progress import console, progress_bar
 from longhaul.runtime.rollout import make_sampler
+
+
+ADAPTER_RANK = 16  # policies: adapters, where the config names no rank
 
 
 class TeamDemosConfig(Section):
@@ -90,11 +97,13 @@ class TeamTrainConfig(Section):
     # the workflow's own fields overridden for this run, e.g. {max_turns: 4, max_tokens: 3000}: an untrained
     # team rarely submits, so its episodes run the whole budget, and on CPU the budget is the run's wall clock
     budgets: dict = {}
-    policies: Literal["shared", "per_role"] = "shared"  # one model for every role, or a full copy per policy name
+    # one model for every role, a full copy per policy name, or one LoRA adapter per policy name over one base
+    # (one engine batches every role's turns; SFT and RL train each adapter, rank `rl.train.lora_r`, default 16)
+    policies: Literal["shared", "per_role", "adapters"] = "shared"
     solo: bool = False  # the workflow's single-agent counterpart in place of its team (workflows.solo), same budgets
     # after this run, the same run again with one thing changed, under runs/<name>/<variant>, each compared with
     # this run's last stage on the same held-out tasks: "single" (solo: true), "shared" or "per_role" (policies)
-    compare: list[Literal["single", "shared", "per_role"]] = []
+    compare: list[Literal["single", "shared", "per_role", "adapters"]] = []
     stages: list[Literal["sft", "rl"]] = ["sft", "rl"]  # [rl]: RL from the base with no cold start
     demos: TeamDemosConfig = TeamDemosConfig()
     sft: dict = {}  # overrides of the SFT stage's run config (as the pipeline's `sft`), e.g. {train: {steps: 16}}
@@ -140,7 +149,9 @@ class TeamTrainer:
         self.timing: dict[str, float] = {}
         if "sft" in cfg.stages:
             self.sft_config("shared", cfg.model.name, self.dir / "demos.jsonl")
-        self.rl_config(cfg.model.name)  # refused now, not after the stages before it have run
+        rl = self.rl_config(cfg.model.name)  # refused now, not after the stages before it have run
+        if cfg.policies == "adapters" and rl.rollout.sampler != "engine":
+            raise LonghaulError("policies: adapters runs every role's adapter on one engine; set rl.rollout.sampler to engine")
 
     @property
     def keys(self) -> list[str]:
@@ -152,17 +163,25 @@ class TeamTrainer:
         return {"name": name, "output_dir": str(out), "seed": c.seed, "model": c.model.model_dump(), "log": {"report_to": []}}
 
     def sft_config(self, key: str, start: str, demos: Path) -> RunConfig:
-        return sft_run_config(self._base(key, self.dir / "sft"), start, demos, self.cfg.model.context_length or 4096, self.cfg.sft)
+        over = self.cfg.sft
+        if self.cfg.policies == "adapters":  # each role's SFT trains its adapter, of the RL stage's rank unless told
+            r = (self.cfg.rl.get("train") or {}).get("lora_r") or ADAPTER_RANK
+            over = _merge({"train": {"lora_r": r, "lora_alpha": 2.0 * r}}, over)
+        return sft_run_config(self._base(key, self.dir / "sft"), start, demos, self.cfg.model.context_length or 4096, over)
 
     def rl_config(self, start: str) -> RunConfig:
+        lora = {"lora_r": ADAPTER_RANK, "lora_alpha": 2.0 * ADAPTER_RANK} if self.cfg.policies == "adapters" else {}
         tree = _merge(self._base("rl", self.dir), {
             "model": {"name": start},
             "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": self.cfg.eval.max_new_tokens, "temperature": 1.0,
                         "context": "elide"},
             # turn_level: reply k of a role against the same role's k-th replies of the task's other episodes
             "algo": {"name": "grpo", "advantage": "turn_level", "kl_coef": 0.0},
-            "train": {"steps": 4, "lr": 1e-5, "micro_batch": 2, "save_every": 0, "autocast": _long_rows_autocast()}})
-        return _run_config(_merge(tree, self.cfg.rl), "rl")
+            "train": {"steps": 4, "lr": 1e-5, "micro_batch": 2, "save_every": 0, "autocast": _long_rows_autocast(), **lora}})
+        cfg = _run_config(_merge(tree, self.cfg.rl), "rl")
+        if self.cfg.policies == "adapters" and not cfg.train.lora_r:
+            raise LonghaulError("policies: adapters trains LoRA adapters; set rl.train.lora_r above 0 or choose per_role")
+        return cfg
 
     # ---- stages ----------------------------------------------------------------------------
     def demos(self) -> Path:
@@ -184,19 +203,22 @@ class TeamTrainer:
     def sft(self, demos: Path) -> dict[str, str]:
         rows = [json.loads(line) for line in demos.read_text().splitlines()]
         out = {}
+        adapters = self.cfg.policies == "adapters"
         for key in self.keys:
-            model = self.dir / "sft" / key / "model"
-            if not (model / "config.json").exists():
+            model = self.dir / "sft" / key / ("adapter" if adapters else "model")
+            if not _saved(model):
                 mine = rows if key == "shared" else [r for r in rows if r["policy"] == key]
                 data = write_jsonl(mine, self.dir / f"demos_{key}.jsonl")
-                self._stage(f"sft_{key}", _train_stage, self.sft_config(key, self.cfg.model.name, data), model)
+                self._stage(f"sft_{key}", _adapter_stage if adapters else _train_stage,
+                            self.sft_config(key, self.cfg.model.name, data), model)
             out[key] = str(model)
         self._manifest("sft", out)
         return out
 
     def rl(self, start: dict[str, str]) -> dict[str, str]:
-        out = {key: str(self.dir / "rl" / key / "model") for key in self.keys}
-        if not all((Path(p) / "config.json").exists() for p in out.values()):
+        name = "adapter" if self.cfg.policies == "adapters" else "model"
+        out = {key: str(self.dir / "rl" / key / name) for key in self.keys}
+        if not all(_saved(p) for p in out.values()):
             self._stage("rl", _rl_stage, self.cfg, start)
         self._manifest("rl", out)
         return out
@@ -214,7 +236,8 @@ class TeamTrainer:
 
     def _manifest(self, stage: str, models: dict[str, str]) -> None:
         roles = {r.name: models[self.model_of[r.policy]] for r in self.wf.roles}
-        _write_json(self.dir / stage / "team.json", {"workflow": self.wf.name, "policies": self.cfg.policies, "roles": roles})
+        _write_json(self.dir / stage / "team.json", {"workflow": self.wf.name, "policies": self.cfg.policies, "roles": roles,
+                                                     "base": self.cfg.model.name})
 
     # ---- the whole ---------------------------------------------------------------------------
     def run(self) -> dict:
@@ -241,11 +264,39 @@ class TeamTrainer:
 
 
 # ---- work done inside a stage's process --------------------------------------------------------
-def _policies(trainer: TeamTrainer, models: dict, tok, run_cfg: RunConfig, seed: int) -> tuple[dict, dict]:
-    """The rollout samplers by model key and the Policy for each of the workflow's policy names."""
-    samplers = {key: make_sampler(run_cfg, model, tok) for key, model in models.items()}
-    acting = {key: ModelPolicy(s, tok, seed=seed) for key, s in samplers.items()}
+def _policies(trainer: TeamTrainer, models: dict, tok, run_cfg: RunConfig, seed: int, base=None) -> tuple[dict, dict]:
+    """The rollout samplers by model key and the Policy for each of the workflow's policy names.
+    With `base` (policies: adapters), one engine holds the base weights and each key's model is a
+    LoRA adapter on it (a peft model or an adapter directory): every role's turns share its steps."""
+    if base is None:
+        samplers = {key: make_sampler(run_cfg, model, tok) for key, model in models.items()}
+        acting = {key: ModelPolicy(s, tok, seed=seed) for key, s in samplers.items()}
+    else:
+        engine = make_sampler(run_cfg, base, tok)
+        for key, model in models.items():
+            engine.add_lora(key, model)
+        samplers = {key: engine for key in models}
+        acting = {key: ModelPolicy(engine, tok, seed=seed, lora=key) for key in models}
     return samplers, {p: acting[key] for p, key in trainer.model_of.items()}
+
+
+def _saved(path) -> bool:
+    """A stage's model is there: a whole model, or an adapter."""
+    return (Path(path) / "config.json").exists() or is_adapter_dir(path)
+
+
+def _adapter_stage(run_cfg: RunConfig, out: Path) -> None:
+    """A LoRA SFT run whose adapter (not the merged model) is the stage's output."""
+    from longhaul.rl.checkpoint import list_checkpoints
+    from longhaul.runtime import train
+
+    train(run_cfg)
+    copy_adapter(list_checkpoints(run_cfg.run_dir / "checkpoints")[-1], out)
+
+
+def _sharing(base):
+    """A copy of `base` whose weights are `base`'s own tensors: a LoRA wrapper per role, one base."""
+    return copy.deepcopy(base, memo={id(t): t for t in [*base.parameters(), *base.buffers()]})
 
 
 def _team_cfg(run_cfg: RunConfig, context: int, max_new_tokens: int, temperature: float) -> AgentConfig:
@@ -256,12 +307,16 @@ def _team_cfg(run_cfg: RunConfig, context: int, max_new_tokens: int, temperature
 def _eval_stage(cfg: TeamTrainConfig, stage: str, paths: dict[str, str]) -> None:
     """Greedy team episodes on the held-out tasks; writes eval_<stage>.json and episodes_<stage>.jsonl."""
     tt = TeamTrainer(cfg)
-    loaded = {key: load_policy(p, cfg.model.rope_scaling) for key, p in paths.items()}
-    tok = next(iter(loaded.values()))[1]
     run_cfg = tt.rl_config(cfg.model.name)
-    _, policies = _policies(tt, {k: m for k, (m, _) in loaded.items()}, tok, run_cfg, cfg.seed)
+    if any(is_adapter_dir(p) for p in paths.values()):  # adapters: one base, each role's adapter on it
+        base, tok = load_policy(cfg.model.name, cfg.model.rope_scaling)
+        _, policies = _policies(tt, paths, tok, run_cfg, cfg.seed, base=base)
+    else:
+        loaded = {key: load_policy(p, cfg.model.rope_scaling) for key, p in paths.items()}
+        base, tok = next(iter(loaded.values()))
+        _, policies = _policies(tt, {k: m for k, (m, _) in loaded.items()}, tok, run_cfg, cfg.seed)
     tasks = tt.family.make_split("heldout", cfg.eval.tasks, cfg.difficulty, cfg.subfamilies)
-    context = cfg.model.context_length or context_length(next(iter(loaded.values()))[0])
+    context = cfg.model.context_length or context_length(base)
     with progress_bar(True) as prog:
         bar = prog.add_task(f"eval {stage}", total=len(tasks), info="")
         episodes = run_team(tt.wf, policies, tok, tt.family.make_env or (lambda t: WorkspaceEnv()), tasks,
@@ -290,12 +345,20 @@ def _rl_stage(cfg: TeamTrainConfig, start: dict[str, str]) -> None:
     run_cfg = tt.rl_config(cfg.model.name)
     r, t = run_cfg.rollout, run_cfg.train
     torch.manual_seed(cfg.seed)
-    models, tok = {}, None
+    models, tok, base = {}, None, None
+    adapters = cfg.policies == "adapters"
+    if adapters:  # one base model; each role's adapter (from SFT, or new) wraps a copy that shares its weights
+        base, tok = load_policy(cfg.model.name, cfg.model.rope_scaling)
     for key, path in start.items():
+        if adapters:
+            twin = _sharing(base)
+            models[key] = load_lora(twin, Path(path)) if is_adapter_dir(path) else \
+                apply_lora(twin, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
+            continue
         model, tok = load_policy(path, cfg.model.rope_scaling)
         models[key] = apply_lora(model, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, path) if t.lora_r else model
     trainers = {key: GRPOTrainer(m, tok.pad_token_id, run_cfg.algo, t, r.temperature, r.max_new_tokens) for key, m in models.items()}
-    samplers, policies = _policies(tt, models, tok, run_cfg, cfg.seed)
+    samplers, policies = _policies(tt, models, tok, run_cfg, cfg.seed, base=base)
     tasks = tt.family.make_split("train", t.steps * r.prompts_per_step, cfg.difficulty, cfg.subfamilies)
     context = cfg.model.context_length or context_length(next(iter(models.values())))
     agent = _team_cfg(run_cfg, context, r.max_new_tokens, r.temperature)
@@ -316,7 +379,9 @@ def _rl_stage(cfg: TeamTrainConfig, start: dict[str, str]) -> None:
             for key, trainer in trainers.items():
                 mine = [g for g, (_, role) in zip(groups, keys) if tt.model_of[tt.wf.role(role).policy] == key]
                 m.update({f"policy/{key}/{k}": v for k, v in trainer.step(mine).items()})
-                if samplers[key] is not models[key]:  # the engine holds a copy: give it the new weights
+                if adapters:  # the engine's adapter of this key takes the trained one
+                    samplers[key].add_lora(key, models[key], version=step + 1)
+                elif samplers[key] is not models[key]:  # the engine holds a copy: give it the new weights
                     samplers[key].update_weights(policy_tensors(models[key]), step + 1)
                 for p in policies.values():
                     if p.model is samplers[key]:
@@ -328,8 +393,11 @@ def _rl_stage(cfg: TeamTrainConfig, start: dict[str, str]) -> None:
                           + ", ".join(f"{k.split('/')[1]} {m[k]:.0f} tok" for k in m if k.startswith("role/") and k.endswith("/tokens")))
     for key, model in models.items():
         ckpts = tt.dir / "rl" / key / "checkpoints"
-        save_checkpoint(ckpts, t.steps, model, tok, {"step": t.steps, **trainers[key].state_dict()}, keep_last=1)
-        export_checkpoint(ckpts.parent, None, ckpts.parent / "model")
+        saved = save_checkpoint(ckpts, t.steps, model, tok, {"step": t.steps, **trainers[key].state_dict()}, keep_last=1)
+        if adapters:
+            copy_adapter(saved, ckpts.parent / "adapter")
+        else:
+            export_checkpoint(ckpts.parent, None, ckpts.parent / "model")
 
 
 def step_metrics(episodes: list) -> dict:
