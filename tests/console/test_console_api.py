@@ -122,6 +122,37 @@ def test_an_episodes_audit_rows_come_from_the_runs_audit_log(client, root):
     assert client.get("/api/runs/grpo-tiny/audit", params={"sandbox": "abcdef123456"}).json()["rows"] == []
 
 
+def test_a_team_episode_opens_whole_in_the_order_of_its_turns(client, root):
+    import json
+
+    from longhaul.runtime.team_train import episode_rows
+    from tests.team_episodes import coder_tester_episode
+
+    team = root / "team"
+    team.mkdir()
+    (team / "team_train_config.json").write_text(json.dumps({"name": "team", "model": {"name": "tiny-llama"}}))
+    rows = [r for key in ("e0", "e1") for r in episode_rows(coder_tester_episode(key, fix=key == "e1")[1])]
+    assert rows[1]["task_id"] == rows[2]["task_id"]  # two episodes of one task, two rows each: told apart by episode
+    (team / "episodes_rl.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = next(r for r in client.get("/api/runs").json()["runs"] if r["name"] == "team")
+    assert summary["algorithm"] == "team" and summary["model"] == "tiny-llama" and summary["episode_sources"] == ["episodes_rl.jsonl"]
+    page = client.get("/api/runs/team/episodes", params={"source": "episodes_rl.jsonl", "turns": "false"}).json()
+    assert [(e["id"], e["role"], e["passed"]) for e in page["episodes"]] == [
+        ("1.0", "tester", False), ("2.0", "coder", False), ("3.0", "tester", True), ("4.0", "coder", True)]
+    for ident in ("3.0", "4.0"):  # either role's row opens the same whole episode
+        e = client.get("/api/runs/team/episode", params={"source": "episodes_rl.jsonl", "id": ident}).json()
+        marks = [(t["content"], t["actor"]) for t in e["turns"] if t["role"] == "team"]
+        assert marks == [("turn 1: tester (yield)", "tester"), ("turn 2: coder (submit)", "coder")]
+        assert e["turns"][0]["role"] == "user" and "scheduler" in e["turns"][0]["content"]  # the task, once
+        acted = [(t["actor"], t["role"]) for t in e["turns"][1:] if t["role"] != "team"]
+        assert acted[:4] == [("tester", "assistant"), ("tester", "tool")] * 2 and acted[4] == ("coder", "user")
+        assert [c["name"] for t in e["turns"] if t.get("actor") == "coder" for c in t.get("tool_calls", [])] == [
+            "apply_patch", "run_tests", "submit"]
+    first = client.get("/api/runs/team/episode", params={"source": "episodes_rl.jsonl", "id": "2.0"}).json()
+    assert [t["content"] for t in first["turns"] if t["role"] == "team"] == ["turn 1: tester (yield)", "turn 2: coder (submit)"]
+    assert [c["name"] for t in first["turns"] if t.get("actor") == "coder" for c in t.get("tool_calls", [])] == ["submit"]
+
+
 def test_a_rewritten_metrics_file_resets_the_reader(client, root):
     assert client.get("/api/runs/live/metrics").json()["next"] == 2
     assert client.get("/api/runs/live/metrics?format=columns").json()["x"] == [1, 2]

@@ -4,35 +4,17 @@ messages between roles, per-role figures, and the variant comparison."""
 
 import json
 
-from longhaul.agent.loop import AgentConfig, ScriptedPolicy
-from longhaul.agent.team import run_team
 from longhaul.agent.team_run import summarize as summarize_roles
-from longhaul.agent.workflows import load_workflow
 from longhaul.config import validate_config
-from longhaul.envs.registry import get_family
-from longhaul.envs.tools import format_call
-from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.eval.team_report import load_team_episodes, team_turns, write_team_report
-from longhaul.models.byte_tokenizer import byte_tokenizer
 from longhaul.runtime.team_train import TeamTrainConfig, compared, episode_rows, summarize
-
-CFG = AgentConfig(max_tokens=100_000, max_new_tokens=4096, keep_messages=True)
+from tests.team_episodes import coder_tester_episode
 
 
 def test_the_report_shows_a_team_episode_turn_by_turn(tmp_path):
-    tok, bugfix = byte_tokenizer(), get_family("bugfix")
-    task = bugfix.make_split("train", 1)[0]
-    wf = load_workflow("coder_tester", bugfix)
-    patch = next(a for a in task.reference if a.tool == "apply_patch")
-    test = task.files["tests/test_issue.py"]
-    tester = [format_call("write_file", path="tests/test_team.py", content=test),
-              format_call("message", to="coder", text="tests/test_team.py checks merge.")]
-    scripts = {"base:tester": tester, "base:coder": [format_call("submit")],  # submits the bug as it is
-               "rl:tester": tester, "rl:coder": [patch.text(), format_call("run_tests"), format_call("submit")]}
-    pol = ScriptedPolicy(tok, scripts)
     evals = {}
-    for stage in ("base", "rl"):
-        eps = run_team(wf, {"tester": pol, "coder": pol}, tok, lambda t: WorkspaceEnv(), [task], CFG, episodes=[stage])
+    for stage, fix in (("base", False), ("rl", True)):
+        task, eps = coder_tester_episode(stage, fix)
         (tmp_path / f"episodes_{stage}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in episode_rows(eps)))
         evals[stage] = {**summarize_roles(eps), "stage": stage, "task_ids": [task.task_id],
                         "passed": [bool(e[0].info["passed"]) for e in eps], "scored": [True]}

@@ -3,7 +3,8 @@
 Three files hold episodes: `episodes_<stage>.jsonl` (a pipeline's evaluations: chat messages),
 `demos.jsonl` (verified demonstrations: chat messages) and `buffer.jsonl` (an online run's
 replay log: `put` lines of trajectory groups, `types.Trajectory` as dicts). Chat messages are
-shown as they are; a trajectory shows its `info["messages"]` when it kept them, else its
+shown as they are (a team episode's rows, one a role, as the whole episode in the order of its
+turns, each message marked with the role that acted); a trajectory shows its `info["messages"]` when it kept them, else its
 tokens decoded with the run's tokenizer: the first prompt of each segment, each reply with its
 per-turn reward, and the tokens between one turn's reply and the next prompt (the tool output
 and template glue) as the environment's turn.
@@ -47,8 +48,11 @@ def _summaries(n: int, row: dict) -> list[dict]:
                         "n_turns": len(t.get("turns") or [])})
         return out
     msgs = row.get("messages") or []
-    return [{"id": f"{n}.0", "task_id": row.get("task_id"), "passed": row.get("passed"), "status": row.get("status"),
-             "step": row.get("step"), "reward": row.get("reward"), "n_turns": sum(m.get("role") == "assistant" for m in msgs)}]
+    out = {"id": f"{n}.0", "task_id": row.get("task_id"), "passed": row.get("passed"), "status": row.get("status"),
+           "step": row.get("step"), "reward": row.get("reward"), "n_turns": sum(m.get("role") == "assistant" for m in msgs)}
+    if row.get("role"):  # a team episode's row: one a role
+        out["role"] = row["role"]
+    return [out]
 
 
 class _Index:
@@ -121,10 +125,57 @@ class Episodes:
             msgs = info.pop("messages", None)
             turns = message_turns(msgs, [t.get("reward") for t in traj.get("turns") or []]) if msgs else \
                 token_turns(traj.get("turns") or [], _tokenizer((read_config(d)[1].get("model") or {}).get("name")))
+        elif row.get("turn_log") and row.get("role"):  # a team episode: every role's row, in the order of turns
+            roles = _team_rows(f, line, row)
+            info = {k: v for k, v in row.items() if k != "messages"}
+            turns = team_message_turns(roles)
         else:
             info = {k: v for k, v in row.items() if k != "messages"}
             turns = message_turns(row.get("messages") or [], [])
         return {**summary, "turns": turns, "info": info}
+
+
+def _team_rows(f, line: int, row: dict) -> dict[str, dict]:
+    """Role -> row of the team episode that holds `row` (line `line`): the rows of one episode's
+    roles sit on consecutive lines with its episode key (or, in files without one, its task id),
+    one a role."""
+    found, n = {row["role"]: row}, len(f)
+    key = "episode" if row.get("episode") else "task_id"
+
+    def same(k: int) -> dict | None:
+        with f.lock:
+            raw = f.lines(k - 1, k) if 1 <= k <= n else []
+        other = json.loads(raw[0]) if raw else {}
+        ok = other.get(key) == row.get(key) and other.get("role") and other["role"] not in found
+        return other if ok else None
+
+    before, k = [], line - 1
+    while (other := same(k)) is not None:
+        found[other["role"]] = other
+        before.insert(0, other)
+        k -= 1
+    k = line + 1
+    after = []
+    while (other := same(k)) is not None:
+        found[other["role"]] = other
+        after.append(other)
+        k += 1
+    return {r["role"]: r for r in [*before, row, *after]}
+
+
+def team_message_turns(rows: dict[str, dict]) -> list[dict]:
+    """A team episode as turns: the task, then each team turn's marker and that turn's messages in
+    the acting role's own chat, each carrying its `actor` (and its place among the roles)."""
+    from longhaul.eval.team_report import team_turns
+
+    roles = list(rows)
+    first = next(iter(rows.values()))
+    out = [{"role": "user", "content": m.get("content") or ""} for m in (first.get("messages") or [])[1:2]]
+    for t, msgs in team_turns(rows):
+        i = roles.index(t["role"]) if t["role"] in roles else 0
+        out.append({"role": "team", "content": f"turn {t['turn']}: {t['role']} ({t['outcome']})", "actor": t["role"], "actor_index": i})
+        out += [{**m, "actor": t["role"], "actor_index": i} for m in message_turns(msgs, [])]
+    return out
 
 
 def _calls(message: dict) -> list[dict]:

@@ -19,7 +19,7 @@ from longhaul.errors import LonghaulError
 
 # files whose presence makes a directory a run: a trainer's config and metrics, a pipeline's config and summary
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "pipeline_config.json", "pipeline.json")
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "pipeline_config.json", "pipeline.json", "team_train_config.json")
 
 
 class ConsoleError(LonghaulError):
@@ -75,8 +75,9 @@ def is_run(d: Path) -> bool:
 
 
 def read_config(d: Path) -> tuple[str | None, dict]:
-    """(file name, parsed config) of a run: config.yaml, or a pipeline's pipeline_config.json."""
-    for name in ("config.yaml", "pipeline_config.json"):
+    """(file name, parsed config) of a run: config.yaml, a pipeline's pipeline_config.json or a
+    team's team_train_config.json."""
+    for name in ("config.yaml", "pipeline_config.json", "team_train_config.json"):
         p = d / name
         if p.is_file():
             st = p.stat()

@@ -23,7 +23,7 @@ LIVE_S = 120.0  # a trainer writes a metrics line every step; steps of small run
 TAIL_LINES = 64  # how far back from the last metrics line to look for the latest reward and pass rate
 METRICS_PAGE = 5000  # rows one metrics response carries at most (the page asks again while `more`)
 COLUMN_FILES = 8  # metrics files whose columns stay parsed in memory (the runs opened last)
-DATA_FILES = ("metrics.jsonl", "buffer.jsonl", "demos.jsonl", "config.yaml", "pipeline_config.json")
+DATA_FILES = ("metrics.jsonl", "buffer.jsonl", "demos.jsonl", "config.yaml", "pipeline_config.json", "team_train_config.json")
 AGENT_KEYS = ("submit_rate", "turns_to_submit", "invalid_calls", "loop_rate", "repair_rate")
 
 
@@ -115,7 +115,9 @@ class Runs:
         now = time.time() if now is None else now
         cfg_file, cfg = read_config(d)
         pipeline = (d / "pipeline_config.json").is_file() or (d / "pipeline.json").is_file()
-        out = {"name": name, "algorithm": "pipeline" if pipeline else (cfg.get("algo") or {}).get("name"),
+        team = cfg_file == "team_train_config.json"
+        kind = "pipeline" if pipeline else "team" if team else (cfg.get("algo") or {}).get("name")
+        out = {"name": name, "algorithm": kind,
                "model": (cfg.get("model") or {}).get("name"), "started": _mtime(d / cfg_file) if cfg_file else None,
                **self._latest(d)}
         newest = _newest(d)
@@ -147,7 +149,7 @@ class Runs:
         d = self.root.run_dir(name)
         cfg_file, cfg = read_config(d)
         if cfg_file is None or self.root.file(d, cfg_file) is None:
-            raise ConsoleError(404, f"run {name!r} has no config.yaml or pipeline_config.json")
+            raise ConsoleError(404, f"run {name!r} has no config.yaml, pipeline_config.json or team_train_config.json")
         text = (d / cfg_file).read_text(errors="replace")
         warnings = [] if cfg else [f"{cfg_file} could not be parsed; showing its text"]
         return {"file": cfg_file, "text": text, "config": cfg, "warnings": warnings}

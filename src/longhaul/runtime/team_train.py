@@ -332,7 +332,8 @@ def _eval_stage(cfg: TeamTrainConfig, stage: str, paths: dict[str, str]) -> None
 def episode_rows(episodes: list[list]) -> list[dict]:
     """One row per role and episode for `episodes_<stage>.jsonl`: the role's chat, the team's turn
     order and messages, its tokens and invalid calls (what the report shows turn by turn)."""
-    return [{"task_id": t.info.get("task_id"), "role": t.info["role"], "passed": t.info.get("passed"), "ended": t.info["ended"],
+    return [{"task_id": t.info.get("task_id"), "episode": t.info.get("episode"), "role": t.info["role"],
+             "passed": t.info.get("passed"), "ended": t.info["ended"],
              "why": t.info.get("truncated_by") or t.info.get("infra_error"), "messages": t.info.get("messages", []),
              "turn_log": t.info.get("team_turn_log", []), "team_messages": t.info.get("team_messages", []),
              "tokens": t.completion_len, "invalid_calls": t.info.get("invalid_calls", 0)} for e in episodes for t in e]

@@ -10,11 +10,19 @@ function callBlock(call) {
     el("pre", {}, JSON.stringify(call.arguments, null, 2)));
 }
 
+// a team episode's roles, in their order: each role's turns are drawn in its colour
+const ACTORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
+
 function turnBlock(turn, k) {
-  const head = [turn.role];
+  const head = turn.actor ? [turn.actor, turn.role] : [turn.role];
   if (turn.reward !== undefined && turn.reward !== null) head.push("reward " + fmt(turn.reward));
   if (turn.finish_reason && turn.finish_reason !== "stop") head.push("finished by " + turn.finish_reason);
-  return el("div", { class: "turn " + turn.role, "data-turn": k },
+  const attrs = { class: "turn " + turn.role, "data-turn": k };
+  if (turn.actor) {
+    attrs["data-actor"] = turn.actor;
+    attrs.style = "border-color:" + ACTORS[(turn.actor_index || 0) % ACTORS.length];
+  }
+  return el("div", attrs,
     el("div", { class: "head" }, `#${k} ` + head.join(" \u00b7 ") + ` \u00b7 ${turn.content.length} characters`),
     el("pre", { class: "content" }, turn.content),
     (turn.tool_calls || []).map(callBlock));

@@ -123,11 +123,13 @@ async function loadEpisodes() {
     episodes.total = r.total;
     document.getElementById("page").textContent =
       ` ${r.total ? r.offset + 1 : 0}\u2013${r.offset + r.episodes.length} of ${r.total} `;
+    const team = r.episodes.some(e => e.role);  // a team's episode file: one row a role, each opening the whole episode
     document.querySelector("#episodes thead").replaceChildren(el("tr", {},
-      ["episode", "task", "passed", "status", "step", "reward", "turns"].map(h => el("th", {}, h))));
+      ["episode", "task", ...(team ? ["role"] : []), "passed", "status", "step", "reward", "turns"].map(h => el("th", {}, h))));
     document.querySelector("#episodes tbody").replaceChildren(...r.episodes.map(e => el("tr", {},
       el("td", {}, el("a", { href: `/episode?${new URLSearchParams({ run: RUN, source, id: e.id })}` }, e.id)),
-      el("td", {}, fmt(e.task_id)), el("td", {}, e.passed === null || e.passed === undefined ? "-" : e.passed ? "pass" : "fail"), el("td", {}, fmt(e.status)),
+      el("td", {}, fmt(e.task_id)), team ? el("td", {}, fmt(e.role)) : null,
+      el("td", {}, e.passed === null || e.passed === undefined ? "-" : e.passed ? "pass" : "fail"), el("td", {}, fmt(e.status)),
       el("td", {}, fmt(e.step)), el("td", {}, fmt(e.reward)), el("td", {}, fmt(e.n_turns)))));
     showWarnings(document.getElementById("episode-warnings"), r.warnings);
   } catch (err) {
