@@ -1,6 +1,8 @@
 """Real team episodes for tests that read them: a scripted tester and coder on a bugfix task in
 the real sandbox, the coder fixing the bug or submitting it as it is."""
 
+from functools import lru_cache
+
 from longhaul.agent.loop import AgentConfig, ScriptedPolicy
 from longhaul.agent.team import run_team
 from longhaul.agent.workflows import load_workflow
@@ -12,9 +14,10 @@ from longhaul.models.byte_tokenizer import byte_tokenizer
 CFG = AgentConfig(max_tokens=100_000, max_new_tokens=4096, keep_messages=True)
 
 
+@lru_cache(maxsize=None)
 def coder_tester_episode(key: str, fix: bool):
     """(task, [[tester, coder]]): one episode keyed `key`; the coder patches, runs the tests and
-    submits when `fix`, else submits at once."""
+    submits when `fix`, else submits at once. Run once a suite (readers must not change them)."""
     tok, bugfix = byte_tokenizer(), get_family("bugfix")
     task = bugfix.make_split("train", 1)[0]
     wf = load_workflow("coder_tester", bugfix)

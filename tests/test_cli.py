@@ -87,32 +87,41 @@ def test_bad_envcheck_and_family_input(tmp_path, args, pattern):
     _assert_clean_error(run_cli(*args, cwd=tmp_path), pattern, tmp_path)
 
 
-def test_envcheck_json_names_families_tasks_valid_flaky_failing(tmp_path):
+def test_envcheck_json_names_families_tasks_valid_flaky_failing(tmp_path, monkeypatch, capsys):
     import json
 
-    env_home = {**os.environ, "LONGHAUL_HOME": str(tmp_path / "home")}
-    r = subprocess.run([sys.executable, "-m", "longhaul.cli", "envcheck", "echo", "--n", "4", "--json"], cwd=tmp_path,
-                       capture_output=True, text=True, env={**env_home, "PYTHONPATH": str(ROOT / "src")}, timeout=300)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
+    from longhaul.cli import main
+
+    monkeypatch.setenv("LONGHAUL_HOME", str(tmp_path / "home"))
+
+    def envcheck(*args) -> dict:  # in this process: the command's own code, without a second interpreter's start-up
+        try:
+            main(["envcheck", "echo", "--json", *args])
+        except SystemExit as e:
+            assert e.code in (0, None), capsys.readouterr().err
+        return json.loads(capsys.readouterr().out)
+
+    out = envcheck("--n", "4")
     assert {"families", "tasks", "valid", "flaky", "failing"} <= set(out)
     assert out["families"]["echo"]["status"] == "ok" and out["flaky"] == out["failing"] == []
     assert (tmp_path / "home" / "envcheck" / "manifest.json").exists()
     mine = tmp_path / "mine" / "manifest.json"  # --manifest writes elsewhere and leaves the shared one alone
     before = (tmp_path / "home" / "envcheck" / "manifest.json").read_text()
-    r = subprocess.run([sys.executable, "-m", "longhaul.cli", "envcheck", "echo", "--n", "2", "--json", "--manifest", str(mine)],
-                       cwd=tmp_path, capture_output=True, text=True, env={**env_home, "PYTHONPATH": str(ROOT / "src")}, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["manifest"] == str(mine) and "echo" in json.loads(mine.read_text())["families"]
+    assert envcheck("--n", "2", "--manifest", str(mine))["manifest"] == str(mine)
+    assert "echo" in json.loads(mine.read_text())["families"]
     assert (tmp_path / "home" / "envcheck" / "manifest.json").read_text() == before
 
 
 _LONG_EVAL = ("eval", "--model", "tiny-llama", "--suite", "terminal", "--n", "3", "--max-turns", "1", "--max-new-tokens", "2040", "--json")
 
 
-def test_eval_refuses_a_budget_past_the_context_and_an_unknown_subfamily(tmp_path):
+def test_eval_refuses_a_budget_past_the_context(tmp_path):
     r = run_cli(*_LONG_EVAL, cwd=tmp_path)  # a terminal prompt and 2,040 new tokens do not fit tiny-llama's own 2,048 positions
     _assert_clean_error(r, "--context-length", tmp_path)
+
+
+@pytest.mark.slow  # a second CLI process (~5 s); sub-family lists are refused in process by the pipeline's tests
+def test_eval_refuses_an_unknown_subfamily(tmp_path):
     r = run_cli(*_LONG_EVAL, "--subfamilies", "nope", "--context-length", "8192", cwd=tmp_path)
     _assert_clean_error(r, "sub-family list ['nope']; valid:", tmp_path)
 

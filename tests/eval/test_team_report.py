@@ -13,8 +13,8 @@ from tests.team_episodes import coder_tester_episode
 
 def test_the_report_shows_a_team_episode_turn_by_turn(tmp_path):
     evals = {}
-    for stage, fix in (("base", False), ("rl", True)):
-        task, eps = coder_tester_episode(stage, fix)
+    for stage, key, fix in (("base", "e0", False), ("rl", "e1", True)):
+        task, eps = coder_tester_episode(key, fix)
         (tmp_path / f"episodes_{stage}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in episode_rows(eps)))
         evals[stage] = {**summarize_roles(eps), "stage": stage, "task_ids": [task.task_id],
                         "passed": [bool(e[0].info["passed"]) for e in eps], "scored": [True]}

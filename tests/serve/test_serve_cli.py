@@ -8,10 +8,10 @@ import pytest
 from longhaul.cli import main
 
 
-def test_unknown_model_is_a_one_line_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "longhaul.cli", "serve", "--model", "no-such-model", "--port", "0", "--jobs-db",
-                        str(tmp_path / "j.sqlite")], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+def test_unknown_model_is_a_one_line_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--model", "no-such-model", "--port", "0", "--jobs-db", str(tmp_path / "j.sqlite")])
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
         "error: model directory 'no-such-model' not found; pass a built-in name, a directory or a URL"]
 
 
