@@ -8,13 +8,17 @@ the base, SFT and SFT+RL teams on the same tasks.
 adapter per policy name over one base model: SFT trains each role's adapter on its own rows, RL
 goes on with it (each adapter wraps a copy of the base that shares its weights), and one engine
 holds the base and every adapter, so all roles' turns share its decoding steps; stage outputs are
-adapter directories (`sft/<policy>/adapter`, `rl/<policy>/adapter`). `solo: true` trains the workflow's single-agent counterpart instead
-(`workflows.solo`: one role, every tool, the team's budgets), and `compare: [single, per_role]`
-runs those variants after the main run, each under `runs/<name>/<variant>/`, with exact McNemar
-of the main run's last stage against each variant's on the same held-out tasks. Everything goes under `runs/<name>/`: `demos.jsonl`, `sft/<policy>/model`,
+adapter directories (`sft/<policy>/adapter`, `rl/<policy>/adapter`). `solo: true` trains the
+workflow's single-agent counterpart instead (`workflows.solo`: one role, every tool, the team's
+budgets), and `compare: [single, adapters]` runs those variants after the main run, each under
+`runs/<name>/<variant>/`, with exact McNemar of the main run's last stage against each
+variant's on the same held-out tasks.
+
+Everything goes under `runs/<name>/`: `demos.jsonl`, `sft/<policy>/model`,
 `rl/<policy>/model`, `sft/team.json` and `rl/team.json` (which model acts for each role),
-`metrics.jsonl` (one line per RL step, per-role and per-policy keys), `eval_<stage>.json` and
-`team_train.json` (every figure) and `report.html`. A stage whose output exists is not run again.
+`metrics.jsonl` (one line per RL step, per-role and per-policy keys), `eval_<stage>.json`,
+`episodes_<stage>.jsonl`, `team_train.json` (every figure) and `report.html`. A stage whose output
+exists is not run again.
 
 Why a driver of its own and not a pipeline option: the pipeline's RL stage is the general online
 runner (`runtime.train`: rollout workers, replay, async) over single-agent tasks; team episodes
@@ -102,7 +106,7 @@ class TeamTrainConfig(Section):
     policies: Literal["shared", "per_role", "adapters"] = "shared"
     solo: bool = False  # the workflow's single-agent counterpart in place of its team (workflows.solo), same budgets
     # after this run, the same run again with one thing changed, under runs/<name>/<variant>, each compared with
-    # this run's last stage on the same held-out tasks: "single" (solo: true), "shared" or "per_role" (policies)
+    # this run's last stage on the same held-out tasks: "single" (solo: true), or another policies setting
     compare: list[Literal["single", "shared", "per_role", "adapters"]] = []
     stages: list[Literal["sft", "rl"]] = ["sft", "rl"]  # [rl]: RL from the base with no cold start
     demos: TeamDemosConfig = TeamDemosConfig()
