@@ -231,6 +231,19 @@ def env():
         print(f"{k}: {v}")
 
 
+def _lora_modules(items: list[str]) -> dict[str, str]:
+    """`--lora-modules NAME=DIR` entries as a mapping; one line on a malformed or repeated one."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise LonghaulError(f"--lora-modules {item!r} is not NAME=ADAPTER_DIR; pass e.g. coder=runs/team/rl/coder/adapter")
+        if name in out:
+            raise LonghaulError(f"--lora-modules names {name!r} twice; give each adapter its own name")
+        out[name] = path
+    return out
+
+
 def _speculative_config(text: str | None) -> dict | None:
     """`--speculative-config`'s JSON object, or None."""
     if text is None:
@@ -382,6 +395,8 @@ def serve_cmd(
     kv_offload_gb: float = typer.Option(0.0, "--kv-offload-gb", help="host memory for KV blocks the pool evicts (0: off)"),
     kv_offload_dir: Optional[str] = typer.Option(None, "--kv-offload-dir", help="a directory for evicted KV blocks on disk, shared by replicas of one model"),
     kv_offload_disk_gb: float = typer.Option(4.0, "--kv-offload-disk-gb", help="the disk tier's bound"),
+    lora_modules: Optional[list[str]] = typer.Option(None, "--lora-modules",
+                                                     help="NAME=ADAPTER_DIR (repeatable): a LoRA adapter clients ask for as model NAME"),
 ):
     """Serve a model over an OpenAI-compatible API (chat, completions, models, jobs, /metrics)."""
     from pydantic import ValidationError
@@ -394,7 +409,8 @@ def serve_cmd(
                           max_num_seqs=max_num_seqs, max_queued_requests=max_queued, max_model_len=max_model_len, queue=queue,
                           jobs_db=jobs_db, job_workers=job_workers, torch_threads=threads, device=device,
                           engine_process=engine_process, speculative_config=_speculative_config(speculative_config),
-                          kv_offload_memory_gb=kv_offload_gb, kv_offload_dir=kv_offload_dir, kv_offload_disk_gb=kv_offload_disk_gb)
+                          kv_offload_memory_gb=kv_offload_gb, kv_offload_dir=kv_offload_dir, kv_offload_disk_gb=kv_offload_disk_gb,
+                          lora_modules=_lora_modules(lora_modules or []))
     except ValidationError as e:
         err = e.errors()[0]
         raise LonghaulError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None

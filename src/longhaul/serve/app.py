@@ -66,7 +66,9 @@ class ServerState:
     def __init__(self, config: ServeConfig, replica: str | None = None):
         self.config = config
         self.model_name = config.served_model_name or default_model_name(config.model)
-        self.model_ids = {self.model_name, config.model}
+        self.model_ids = {self.model_name, config.model, *config.lora_modules}
+        if self.model_name in config.lora_modules or config.model in config.lora_modules:
+            raise LonghaulError(f"--lora-modules names an adapter {self.model_name!r}, the base model's id; give it another name")
         self.created = int(time.time())
         self.replica = replica or socket.gethostname()
         self.keys = load_keys(config.api_keys, config.api_keys_file, config.requests_per_minute, config.tokens_per_minute)
@@ -136,11 +138,21 @@ class ServerState:
             why = f"the model failed to load: {self.load_error}" if self.load_error else "the model is loading"
             raise APIError(503, f"{why}; retry later", type="server_not_ready", code="not_ready", headers={"Retry-After": "5"})
 
-    def model_card(self) -> dict:
+    def model_card(self, model_id: str | None = None) -> dict:
+        """The card of the base model, or of one of its LoRA adapters (`parent`: the base's id)."""
         card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "longhaul", "root": self.config.model}
+        if model_id in self.config.lora_modules:
+            card.update(id=model_id, root=self.config.lora_modules[model_id], parent=self.model_name)
         if self.engine is not None:
             card["max_model_len"] = self.engine.max_model_len
         return card
+
+    def model_cards(self) -> list[dict]:
+        return [self.model_card(), *(self.model_card(name) for name in self.config.lora_modules)]
+
+    def lora_of(self, model: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names, or None for the base model."""
+        return model if model in self.config.lora_modules else None
 
     def _observe(self, stream, out, now: float) -> None:
         if stream.key is not None:  # the warm-up has no key

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from longhaul.inference.spec_worker import SpeculativeConfig
@@ -53,6 +55,20 @@ class ServeConfig(BaseModel):
     # speculative decoding, vLLM's `--speculative-config`: {"method": "ngram"} (prompt lookup, no second model)
     # or {"method": "draft", "draft_model": NAME}, plus num_speculative_tokens, ngram_min/max (spec_worker.SpeculativeConfig)
     speculative_config: dict | None = None
+    # LoRA adapters served beside the base model, vLLM's `--lora-modules name=path`: a request whose `model` is a
+    # name runs with that adapter (peft's adapter_config.json and adapter_model.safetensors), batched with the rest
+    lora_modules: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("lora_modules")
+    @classmethod
+    def _check_loras(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, path in v.items():
+            if not name or "/" in name:
+                raise ValueError(f"adapter name {name!r} must be a plain id clients send as `model` (no '/')")
+            if not (Path(path) / "adapter_config.json").is_file() or not (Path(path) / "adapter_model.safetensors").is_file():
+                raise ValueError(f"{name}={path} is not a LoRA adapter directory (adapter_config.json and "
+                                 "adapter_model.safetensors); pass a directory peft saved")
+        return v
 
     @field_validator("speculative_config")
     @classmethod

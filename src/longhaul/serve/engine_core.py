@@ -60,6 +60,8 @@ def build_engine(config):
                        kv_offload_memory_gb=c.kv_offload_memory_gb, kv_offload_dir=c.kv_offload_dir,
                        kv_offload_disk_gb=c.kv_offload_disk_gb,
                        kv_offload_namespace=c.model)  # the weights' source: replicas of one model share blocks
+    for name, path in c.lora_modules.items():
+        engine.add_lora(name, path)
     return engine, tok
 
 

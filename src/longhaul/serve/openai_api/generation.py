@@ -22,7 +22,8 @@ from longhaul.serve.openai_api.protocol import APIError, SamplingFields, bad_req
 
 def check_model(state, model: str | None) -> None:
     if model is not None and model not in state.model_ids:
-        raise APIError(404, f"The model `{model}` does not exist; this server serves {state.model_name!r} (see /v1/models).",
+        served = ", ".join(repr(m) for m in [state.model_name, *state.config.lora_modules])
+        raise APIError(404, f"The model `{model}` does not exist; this server serves {served} (see /v1/models).",
                        param="model", code="model_not_found")
 
 
@@ -57,6 +58,8 @@ class Generation:
         self.created = int(time.time())
         self.prompts = [p for p in prompts for _ in range(req.n)]  # choice i = prompt i // n, sample i % n
         self.params = [sampling_params(req, max_tokens[i // req.n], i % req.n) for i in range(len(self.prompts))]
+        for p in self.params:
+            p.lora = state.lora_of(req.model)  # a request naming an adapter runs with it
         state.admission.acquire(len(self.prompts))  # a full server refuses before the key's quota is charged
         try:
             self.headers = state.limiter.admit(key, sum(len(p) for p in self.prompts))

@@ -97,7 +97,7 @@ def _finish_reason(out, tool_calls) -> str:
 async def list_models(request: Request):
     state = request.app.state.server
     state.keys.authenticate(request.headers.get("authorization"))
-    return {"object": "list", "data": [state.model_card()]}
+    return {"object": "list", "data": state.model_cards()}
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -105,7 +105,7 @@ async def get_model(request: Request, model_id: str):
     state = request.app.state.server
     state.keys.authenticate(request.headers.get("authorization"))
     check_model(state, model_id)
-    return state.model_card()
+    return state.model_card(model_id)
 
 
 @router.post("/v1/chat/completions")
@@ -114,7 +114,7 @@ async def chat_completions(request: Request):
     prompt = render(state.tokenizer, req)
     gen = Generation(state, key, req, [prompt], [token_budget(state, len(prompt), req.requested_max_tokens)])
     tools = bool(req.tools) and req.tool_choice != "none"
-    base = {"id": f"chatcmpl-{gen.id}", "created": gen.created, "model": state.model_name}
+    base = {"id": f"chatcmpl-{gen.id}", "created": gen.created, "model": state.lora_of(req.model) or state.model_name}
     request.scope["state"]["log"].update(key=key.name, prompt_tokens=len(prompt) * req.n)
     if req.stream:
         return EventStream(_chat_stream(state, gen, req, base, tools), gen)
@@ -198,7 +198,8 @@ async def completions(request: Request):
     state, key, req = await parse_body(request, CompletionRequest)
     prompts = _completion_prompts(state, req)
     gen = Generation(state, key, req, prompts, [token_budget(state, len(p), req.requested_max_tokens) for p in prompts])
-    base = {"id": f"cmpl-{gen.id}", "object": "text_completion", "created": gen.created, "model": state.model_name}
+    base = {"id": f"cmpl-{gen.id}", "object": "text_completion", "created": gen.created,
+            "model": state.lora_of(req.model) or state.model_name}
     request.scope["state"]["log"].update(key=key.name, prompt_tokens=sum(len(p) for p in gen.prompts))
     echo = [state.tokenizer.decode(p) if req.echo else "" for p in gen.prompts]
     if req.stream:
