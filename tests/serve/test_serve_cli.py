@@ -1,7 +1,5 @@
 """`longhaul serve` input errors: one line, exit 2, before anything listens."""
 
-import subprocess
-import sys
 
 import pytest
 
