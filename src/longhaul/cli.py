@@ -231,19 +231,6 @@ def env():
         print(f"{k}: {v}")
 
 
-def _lora_modules(items: list[str]) -> dict[str, str]:
-    """`--lora-modules NAME=DIR` entries as a mapping; one line on a malformed or repeated one."""
-    out: dict[str, str] = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise LonghaulError(f"--lora-modules {item!r} is not NAME=ADAPTER_DIR; pass e.g. coder=runs/team/rl/coder/adapter")
-        if name in out:
-            raise LonghaulError(f"--lora-modules names {name!r} twice; give each adapter its own name")
-        out[name] = path
-    return out
-
-
 def _speculative_config(text: str | None) -> dict | None:
     """`--speculative-config`'s JSON object, or None."""
     if text is None:
@@ -402,6 +389,7 @@ def serve_cmd(
     from pydantic import ValidationError
 
     from longhaul.serve import ServeConfig, serve
+    from longhaul.serve.config import lora_modules_option
 
     try:
         cfg = ServeConfig(model=model, api_keys=[k for k in api_key or [] if k], api_keys_file=api_keys_file, host=host, port=port,
@@ -410,7 +398,7 @@ def serve_cmd(
                           jobs_db=jobs_db, job_workers=job_workers, torch_threads=threads, device=device,
                           engine_process=engine_process, speculative_config=_speculative_config(speculative_config),
                           kv_offload_memory_gb=kv_offload_gb, kv_offload_dir=kv_offload_dir, kv_offload_disk_gb=kv_offload_disk_gb,
-                          lora_modules=_lora_modules(lora_modules or []))
+                          lora_modules=lora_modules_option(lora_modules or []))
     except ValidationError as e:
         err = e.errors()[0]
         raise LonghaulError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None

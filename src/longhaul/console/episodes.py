@@ -4,10 +4,10 @@ Three files hold episodes: `episodes_<stage>.jsonl` (a pipeline's evaluations: c
 `demos.jsonl` (verified demonstrations: chat messages) and `buffer.jsonl` (an online run's
 replay log: `put` lines of trajectory groups, `types.Trajectory` as dicts). Chat messages are
 shown as they are (a team episode's rows, one a role, as the whole episode in the order of its
-turns, each message marked with the role that acted); a trajectory shows its `info["messages"]` when it kept them, else its
-tokens decoded with the run's tokenizer: the first prompt of each segment, each reply with its
-per-turn reward, and the tokens between one turn's reply and the next prompt (the tool output
-and template glue) as the environment's turn.
+turns, each message marked with the role that acted); a trajectory shows its `info["messages"]`
+when it kept them, else its tokens decoded with the run's tokenizer: the first prompt of each
+segment, each reply with its per-turn reward, and the tokens between one turn's reply and the
+next prompt (the tool output and template glue) as the environment's turn.
 
 An episode's id is `<line>.<member>` (member: its place in a buffer group, 0 elsewhere).
 `Episodes` keeps, per file, a summary of each episode (task, passed, status, step, reward)
@@ -139,35 +139,41 @@ def _team_rows(f, line: int, row: dict) -> dict[str, dict]:
     """Role -> row of the team episode that holds `row` (line `line`): the rows of one episode's
     roles sit on consecutive lines with its episode key (or, in files without one, its task id),
     one a role."""
-    found, n = {row["role"]: row}, len(f)
+    found, roles, n = {line: row}, {row["role"]}, len(f)
     key = "episode" if row.get("episode") else "task_id"
 
     def same(k: int) -> dict | None:
         with f.lock:
             raw = f.lines(k - 1, k) if 1 <= k <= n else []
         other = json.loads(raw[0]) if raw else {}
-        ok = other.get(key) == row.get(key) and other.get("role") and other["role"] not in found
+        ok = other.get(key) == row.get(key) and other.get("role") and other["role"] not in roles
         return other if ok else None
 
-    before, k = [], line - 1
-    while (other := same(k)) is not None:
-        found[other["role"]] = other
-        before.insert(0, other)
-        k -= 1
-    k = line + 1
-    after = []
-    while (other := same(k)) is not None:
-        found[other["role"]] = other
-        after.append(other)
-        k += 1
-    return {r["role"]: r for r in [*before, row, *after]}
+    for step in (-1, 1):  # the neighbours above, then below
+        k = line + step
+        while (other := same(k)) is not None:
+            found[k] = other
+            roles.add(other["role"])
+            k += step
+    return {r["role"]: r for _, r in sorted(found.items())}
+
+
+def team_turns(ep: dict[str, dict]) -> list[tuple[dict, list[dict]]]:
+    """The episode in the order the roles took their turns: (turn entry, that turn's messages in
+    the acting role's own chat: the teammates' news, its replies, their tool outputs)."""
+    first = next(iter(ep.values()))
+    log = first.get("turn_log", [])
+    out = []
+    for i, t in enumerate(log):
+        msgs = ep.get(t["role"], {}).get("messages", [])
+        end = next((u["first"] for u in log[i + 1:] if u["role"] == t["role"]), len(msgs))
+        out.append((t, msgs[t["first"]:end]))
+    return out
 
 
 def team_message_turns(rows: dict[str, dict]) -> list[dict]:
     """A team episode as turns: the task, then each team turn's marker and that turn's messages in
     the acting role's own chat, each carrying its `actor` (and its place among the roles)."""
-    from longhaul.eval.team_report import team_turns
-
     roles = list(rows)
     first = next(iter(rows.values()))
     out = [{"role": "user", "content": m.get("content") or ""} for m in (first.get("messages") or [])[1:2]]

@@ -12,6 +12,7 @@ import html
 import json
 from pathlib import Path
 
+from longhaul.console.episodes import team_turns
 from longhaul.eval.pipeline_report import _pct, _tests, write_page
 from longhaul.eval.svg import line_chart
 from longhaul.runtime.metrics import read_metrics
@@ -70,19 +71,6 @@ def load_team_episodes(run_dir: Path, stage: str) -> dict[str, dict[str, dict]]:
 
 def _passed(ep: dict) -> bool:
     return bool(next(iter(ep.values()))["passed"])
-
-
-def team_turns(ep: dict[str, dict]) -> list[tuple[dict, list[dict]]]:
-    """The episode in the order the roles took their turns: (turn entry, that turn's messages in
-    the acting role's own chat: the teammates' news, its replies, their tool outputs)."""
-    first = next(iter(ep.values()))
-    log = first.get("turn_log", [])
-    out = []
-    for i, t in enumerate(log):
-        msgs = ep.get(t["role"], {}).get("messages", [])
-        end = next((u["first"] for u in log[i + 1:] if u["role"] == t["role"]), len(msgs))
-        out.append((t, msgs[t["first"]:end]))
-    return out
 
 
 def _episode(ep: dict[str, dict], color: dict[str, str]) -> str:

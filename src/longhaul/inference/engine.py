@@ -54,6 +54,7 @@ from longhaul.inference.sequence import Sequence
 from longhaul.inference.spec_worker import SpecDecoder, SpeculativeConfig
 from longhaul.inference.threads import ThreadGovernor
 from longhaul.models import gguf_file, load_policy
+from longhaul.models.lora import is_lora
 
 
 class LLMEngine:
@@ -446,8 +447,6 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
 def _adapter_tensors(adapter, scale: float | None) -> tuple[dict[str, torch.Tensor], float]:
     """(PEFT-named lora_A / lora_B tensors, alpha / r) of a peft model, an adapter directory, or
     a dict of tensors with its scale."""
-    from longhaul.models.lora import is_lora
-
     if isinstance(adapter, dict):
         if scale is None:
             raise LonghaulError("a LoRA adapter given as tensors needs its scale (lora_alpha / r); pass scale=")

@@ -54,9 +54,10 @@ from longhaul.eval.team_report import write_team_report
 from longhaul.inference import context_length
 from longhaul.models import load_policy
 from longhaul.models.lora import apply_lora, copy_adapter, is_adapter_dir, load_lora
-from longhaul.rl.checkpoint import export_checkpoint, save_checkpoint
+from longhaul.rl.checkpoint import export_checkpoint, list_checkpoints, save_checkpoint
 from longhaul.rl.grpo import GRPOTrainer
 from longhaul.rl.teams import role_groups
+from longhaul.runtime import train
 from longhaul.runtime.pipeline import (
     _isolated,
     _long_rows_autocast,
@@ -291,9 +292,6 @@ def _saved(path) -> bool:
 
 def _adapter_stage(run_cfg: RunConfig, out: Path) -> None:
     """A LoRA SFT run whose adapter (not the merged model) is the stage's output."""
-    from longhaul.rl.checkpoint import list_checkpoints
-    from longhaul.runtime import train
-
     train(run_cfg)
     copy_adapter(list_checkpoints(run_cfg.run_dir / "checkpoints")[-1], out)
 

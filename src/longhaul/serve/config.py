@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from longhaul.errors import LonghaulError
 from longhaul.inference.spec_worker import SpeculativeConfig
 
 
@@ -77,3 +78,16 @@ class ServeConfig(BaseModel):
             return v
 
         return SpeculativeConfig(**v).model_dump()  # a bad field fails here, before any model loads
+
+
+def lora_modules_option(items: list[str]) -> dict[str, str]:
+    """`--lora-modules NAME=DIR` entries as a mapping; one line on a malformed or repeated one."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise LonghaulError(f"--lora-modules {item!r} is not NAME=ADAPTER_DIR; pass e.g. coder=runs/team/rl/coder/adapter")
+        if name in out:
+            raise LonghaulError(f"--lora-modules names {name!r} twice; give each adapter its own name")
+        out[name] = path
+    return out
