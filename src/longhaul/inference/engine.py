@@ -54,7 +54,7 @@ from longhaul.inference.sequence import Sequence
 from longhaul.inference.spec_worker import SpecDecoder, SpeculativeConfig
 from longhaul.inference.threads import ThreadGovernor
 from longhaul.models import gguf_file, load_policy
-from longhaul.models.lora import is_lora
+from longhaul.models.lora import is_adapter_dir, is_lora
 
 
 class LLMEngine:
@@ -457,7 +457,7 @@ def _adapter_tensors(adapter, scale: float | None) -> tuple[dict[str, torch.Tens
         from safetensors.torch import load_file
 
         path = Path(adapter)
-        if not (path / "adapter_model.safetensors").is_file() or not (path / "adapter_config.json").is_file():
+        if not is_adapter_dir(path):
             raise LonghaulError(f"{path} is not a LoRA adapter directory; it needs adapter_model.safetensors and adapter_config.json")
         cfg = json.loads((path / "adapter_config.json").read_text())
         return load_file(path / "adapter_model.safetensors"), _peft_scale(cfg["lora_alpha"], cfg["r"], cfg.get("use_rslora", False))

@@ -30,6 +30,7 @@ from transformers import (
     Qwen2Config,
 )
 
+from longhaul.atomic import atomic_dir
 from longhaul.errors import LonghaulError
 from longhaul.home import cache_home
 from longhaul.models.byte_tokenizer import byte_tokenizer
@@ -91,16 +92,9 @@ BUILTINS: dict[str, Callable[[], tuple[PreTrainedModel, object]]] = {
 
 
 def _atomic_save(model, tok, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f".{dst.name}.tmp-"))
-    try:
+    with atomic_dir(dst) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        if dst.exists():
-            shutil.rmtree(dst)
-        os.replace(tmp, dst)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _convert_gguf(gguf: Path, dst: Path) -> None:

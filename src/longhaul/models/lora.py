@@ -4,8 +4,10 @@ peft is an optional dependency (`pip install 'longhaul[lora]'`), imported only h
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+from longhaul.atomic import atomic_dir
 from longhaul.errors import LonghaulError
 from longhaul.models.loader import load_policy
 
@@ -65,25 +67,17 @@ def load_lora(model, path: Path, trainable: bool = True):
     return peft.PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
 
 
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
 def is_adapter_dir(path) -> bool:
-    return (Path(path) / "adapter_config.json").is_file()
+    """Whether `path` holds a peft adapter: its config and its weights."""
+    return all((Path(path) / name).is_file() for name in ADAPTER_FILES)
 
 
 def copy_adapter(src: Path, out: Path) -> Path:
     """A checkpoint's adapter files (config and weights, not the base) copied to `out`, atomically."""
-    import os
-    import shutil
-    import tempfile
-
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-    try:
-        for name in ("adapter_config.json", "adapter_model.safetensors"):
+    with atomic_dir(out) as tmp:
+        for name in ADAPTER_FILES:
             shutil.copy2(Path(src) / name, tmp / name)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return Path(out)

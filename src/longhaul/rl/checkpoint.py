@@ -4,18 +4,17 @@ a crash never leaves a half-written `step_N/`."""
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from longhaul.atomic import atomic_dir
 from longhaul.errors import LonghaulError
-from longhaul.models.lora import is_lora, load_adapter, merged_from_checkpoint
+from longhaul.models.lora import is_adapter_dir, is_lora, load_adapter, merged_from_checkpoint
 
 _STEP = re.compile(r"^step_(\d+)$")
 
@@ -32,20 +31,13 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(ckpt_dir: Path, step: int, model, tokenizer, trainer_state: dict, keep_last: int, extra=None) -> Path:
     """`extra(tmp_dir)` may write more files (a reward head) before the directory is renamed into place."""
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"step_{step}"
-    tmp = Path(tempfile.mkdtemp(dir=ckpt_dir, prefix=f".step_{step}.tmp-"))
-    try:
+    with atomic_dir(final) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         if extra is not None:
             extra(tmp)
         torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     for old in list_checkpoints(ckpt_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -91,10 +83,8 @@ def export_checkpoint(run_dir: Path, step: int | None, out: Path) -> Path:
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise LonghaulError(f"output directory {str(out)!r} is not empty; choose a new path")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-    try:
-        if (src / "adapter_config.json").is_file():  # LoRA: merge the adapters into the base
+    with atomic_dir(out) as tmp:
+        if is_adapter_dir(src):  # LoRA: merge the adapters into the base
             model, tok = merged_from_checkpoint(src)
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
@@ -104,9 +94,4 @@ def export_checkpoint(run_dir: Path, step: int | None, out: Path) -> Path:
             for f in src.iterdir():
                 if f.name != "trainer_state.pt":
                     shutil.copy2(f, tmp / f.name)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out

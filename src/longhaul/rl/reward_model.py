@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from longhaul.errors import LonghaulError
 from longhaul.malloc import within_step
 from longhaul.models import load_policy
-from longhaul.models.lora import merged_from_checkpoint, unwrap
+from longhaul.models.lora import is_adapter_dir, merged_from_checkpoint, unwrap
 from longhaul.rl.data import encode_prompt_completion
 from longhaul.rl.logprobs import autocast_ctx, right_pad
 from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
@@ -102,7 +102,7 @@ def load_reward_model(path: str | Path) -> tuple[RewardModel, object]:
     path = Path(path)
     if not (path / HEAD_FILE).is_file():
         raise LonghaulError(f"{str(path)!r} has no {HEAD_FILE}; pass a checkpoint or export of an `algo.name: rm` run")
-    if (path / "adapter_config.json").is_file():
+    if is_adapter_dir(path):
         lm, tok = merged_from_checkpoint(path)
     else:
         lm, tok = load_policy(str(path))

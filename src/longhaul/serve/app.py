@@ -67,8 +67,8 @@ class ServerState:
         self.config = config
         self.model_name = config.served_model_name or default_model_name(config.model)
         self.model_ids = {self.model_name, config.model, *config.lora_modules}
-        if self.model_name in config.lora_modules or config.model in config.lora_modules:
-            raise LonghaulError(f"--lora-modules names an adapter {self.model_name!r}, the base model's id; give it another name")
+        if clash := next((m for m in (self.model_name, config.model) if m in config.lora_modules), None):
+            raise LonghaulError(f"--lora-modules names an adapter {clash!r}, the base model's id; give it another name")
         self.created = int(time.time())
         self.replica = replica or socket.gethostname()
         self.keys = load_keys(config.api_keys, config.api_keys_file, config.requests_per_minute, config.tokens_per_minute)

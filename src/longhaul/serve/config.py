@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pathlib import Path
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from longhaul.errors import LonghaulError
 from longhaul.inference.spec_worker import SpeculativeConfig
+from longhaul.models.lora import is_adapter_dir
 
 
 class ServeConfig(BaseModel):
@@ -66,7 +65,7 @@ class ServeConfig(BaseModel):
         for name, path in v.items():
             if not name or "/" in name:
                 raise ValueError(f"adapter name {name!r} must be a plain id clients send as `model` (no '/')")
-            if not (Path(path) / "adapter_config.json").is_file() or not (Path(path) / "adapter_model.safetensors").is_file():
+            if not is_adapter_dir(path):
                 raise ValueError(f"{name}={path} is not a LoRA adapter directory (adapter_config.json and "
                                  "adapter_model.safetensors); pass a directory peft saved")
         return v
