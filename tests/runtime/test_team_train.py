@@ -87,6 +87,23 @@ def test_bad_configs_are_refused_at_load(tmp_path):
     assert [r.name for r in TeamTrainer(single).wf.roles] == ["agent"]
 
 
+def test_a_policies_variant_starts_from_the_run_s_base_evaluation_and_demonstrations(tmp_path):
+    trainer = TeamTrainer(tiny(tmp_path, compare=["single", "adapters"]))
+    trainer.dir.mkdir(parents=True)
+    for f in ("eval_base.json", "episodes_base.jsonl", "demos.jsonl"):
+        (trainer.dir / f).write_text(f"{f} of the shared run\n")
+    (trainer.dir / "eval_sft.json").write_text("{}")
+    adapters = trainer.variant("adapters")
+    assert adapters.cfg.policies == "adapters" and adapters.dir == trainer.dir / "adapters"
+    for f in ("eval_base.json", "episodes_base.jsonl", "demos.jsonl"):
+        assert (adapters.dir / f).read_text() == f"{f} of the shared run\n"
+    assert not (adapters.dir / "eval_sft.json").exists()  # trained stages are the variant's own
+    (adapters.dir / "demos.jsonl").write_text("its own\n")
+    assert (trainer.variant("adapters").dir / "demos.jsonl").read_text() == "its own\n"  # never overwritten
+    # one agent in place of the team: another workflow, so nothing carries over
+    assert trainer.variant("single").cfg.solo and not (trainer.dir / "single").exists()
+
+
 def test_the_command_refuses_a_bad_config_in_one_line(tmp_path):
     cfg = tmp_path / "team.yaml"
     cfg.write_text("workflow: coder_tester\nfamily: humaneval\n")

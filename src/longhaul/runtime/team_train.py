@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Literal
@@ -244,6 +245,18 @@ class TeamTrainer:
         _write_json(self.dir / stage / "team.json", {"workflow": self.wf.name, "policies": self.cfg.policies, "roles": roles,
                                                      "base": self.cfg.model.name})
 
+    def variant(self, name: str) -> TeamTrainer:
+        """The trainer of a compared variant. One that changes only the policies starts with this run's
+        base evaluation and demonstrations: every role runs the base model in the one, and the other
+        does not depend on the model."""
+        other = TeamTrainer(self.cfg.variant(name))
+        if not other.cfg.solo:
+            other.dir.mkdir(parents=True, exist_ok=True)
+            for f in ("eval_base.json", "episodes_base.jsonl", "demos.jsonl"):
+                if (self.dir / f).exists() and not (other.dir / f).exists():
+                    shutil.copy2(self.dir / f, other.dir / f)
+        return other
+
     # ---- the whole ---------------------------------------------------------------------------
     def run(self) -> dict:
         c = self.cfg
@@ -261,7 +274,7 @@ class TeamTrainer:
             evals["rl"] = self.evaluate("rl", models)
         summary = summarize(evals, self.timing, c)
         if c.compare:
-            summary["compared"] = {v: compared(evals, TeamTrainer(c.variant(v)).run(), v) for v in c.compare}
+            summary["compared"] = {v: compared(evals, self.variant(v).run(), v) for v in c.compare}
         _write_json(self.dir / "team_train.json", summary)
         print_summary(summary)
         console.print(f"report: {write_team_report(self.dir, summary, c.eval.show)}")
