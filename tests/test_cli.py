@@ -1,5 +1,6 @@
 """Bad input through the real `longhaul` command: one error line, non-zero exit, no traceback,
-nothing written under runs/."""
+nothing written under runs/. The command runs in this process (tests.cli_main), but for the
+traceback --debug shows, which goes through a real `python -m longhaul.cli`."""
 
 import os
 import subprocess
@@ -8,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_main import run_main
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "longhaul.cli", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+    return run_main(*args, cwd=cwd)
 
 
 def _assert_clean_error(r, pattern, cwd):
@@ -43,7 +45,9 @@ def test_corrupt_model_file(tmp_path):
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    r = run_cli("train", str(ROOT / "examples/tiny_grpo.yaml"), "train.stpes=3", "--debug", cwd=tmp_path)
+    r = subprocess.run([sys.executable, "-m", "longhaul.cli", "train", str(ROOT / "examples/tiny_grpo.yaml"), "train.stpes=3",
+                        "--debug"], cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+                       timeout=300)
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 

@@ -2,20 +2,13 @@
 and one error line (with nothing written) for a workflow that is refused."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 from longhaul.types import Trajectory
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cli_main import run_main
 
 
 def run_cli(*args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "longhaul.cli", "team", "run", *args], cwd=cwd, capture_output=True,
-                          text=True, env=env, timeout=300)
+    return run_main("team", "run", *args, cwd=cwd)
 
 
 def test_team_run_writes_per_role_trajectories_and_a_summary(tmp_path):

@@ -2,16 +2,11 @@
 each in that role's own view, and episodes whose checks fail left out."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 from longhaul.agent import team_demos
 from longhaul.agent.team_demos import build_team_demos
 from longhaul.envs import get_family
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cli_main import run_main
 
 
 def by_episode(rows):
@@ -55,9 +50,7 @@ def test_an_episode_whose_role_reward_is_zero_is_left_out(monkeypatch):
 
 
 def test_cli_writes_rows_atomically_and_refuses_in_one_line(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "longhaul.cli", "data", "sft", *a], cwd=tmp_path,  # noqa: E731
-                                    capture_output=True, text=True, env=env, timeout=300)
+    run = lambda *a: run_main("data", "sft", *a, cwd=tmp_path)  # noqa: E731
     out = tmp_path / "demos.jsonl"
     r = run("multistep", "--workflow", "navigator_driver", "--n", "1", "--variants", "reference", "--out", str(out))
     assert r.returncode == 0, r.stderr

@@ -3,9 +3,6 @@ module), and `longhaul scene render` through the real command."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +13,9 @@ from longhaul.envs.scene3d.export import export_project
 from longhaul.envs.scene3d.render import render_task, screenshot
 from longhaul.envs.scene3d.world import World
 from longhaul.errors import LonghaulError
+from tests.cli_main import run_main
 from tests.envs.conftest import needs_browser
 
-ROOT = Path(__file__).resolve().parents[2]
 SIZE = (640, 480)  # the canvas as displayed (drawn at 320x240)
 
 
@@ -50,8 +47,7 @@ def _spinner() -> World:
 
 
 def run_cli(*args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "longhaul.cli", *args], check=False, cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+    return run_main(*args, cwd=cwd)
 
 
 # ------------------------------------------------------------------ library --

@@ -1,19 +1,14 @@
 """`longhaul generate` and `longhaul bench engine` through the real command, on a tiny model."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cli_main import run_main
 
 
 def run_cli(*args, cwd):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "longhaul.cli", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+    return run_main(*args, cwd=cwd)
 
 
 def test_generate_prints_json_lines(tmp_path):

@@ -3,9 +3,6 @@ SFT per role, one GRPO step on team episodes, the three evaluations, per-role me
 for every role; and a bad config refused in one line."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +12,7 @@ from safetensors.torch import load_file
 from longhaul.config import validate_config
 from longhaul.errors import LonghaulError
 from longhaul.runtime.team_train import TeamTrainConfig, TeamTrainer, train_team
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cli_main import run_main
 
 
 def tiny(tmp_path, **over) -> TeamTrainConfig:
@@ -107,9 +103,7 @@ def test_a_policies_variant_starts_from_the_run_s_base_evaluation_and_demonstrat
 def test_the_command_refuses_a_bad_config_in_one_line(tmp_path):
     cfg = tmp_path / "team.yaml"
     cfg.write_text("workflow: coder_tester\nfamily: humaneval\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    r = subprocess.run([sys.executable, "-m", "longhaul.cli", "team", "train", str(cfg)], cwd=tmp_path, capture_output=True,
-                       text=True, env=env, timeout=120)
+    r = run_main("team", "train", str(cfg), cwd=tmp_path)
     lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0] == "error: family 'humaneval' is single-turn; a team shares a workspace: choose a workspace family"
