@@ -1,16 +1,11 @@
 import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from longhaul.errors import LonghaulError
 from longhaul.sandbox import Sandbox, SandboxSpec
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.cli_main import run_main
 
 
 def test_process_backend_applies_limits_without_isolation():
@@ -35,8 +30,7 @@ def test_spec_rejects_bad_limits():
 
 
 def _cli(*args):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run([sys.executable, "-m", "longhaul.cli", "sandbox", "run", *args], capture_output=True, text=True, env=env, timeout=120)
+    return run_main("sandbox", "run", *args, cwd=".")
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
