@@ -100,6 +100,16 @@ def test_a_policies_variant_starts_from_the_run_s_base_evaluation_and_demonstrat
     assert trainer.variant("single").cfg.solo and not (trainer.dir / "single").exists()
 
 
+def test_an_adapter_s_sft_runs_at_the_adapter_learning_rate(tmp_path):
+    demos = tmp_path / "demos.jsonl"
+    full = TeamTrainer(tiny(tmp_path, sft={"train": {"lr": 1e-4}})).sft_config("navigator", "tiny-llama", demos)
+    assert full.train.lr == 1e-4 and not full.train.lora_r
+    adapter = TeamTrainer(tiny(tmp_path, policies="adapters", sft={"train": {"lr": 1e-4}})).sft_config("navigator", "tiny-llama", demos)
+    assert adapter.train.lr == 1e-3 and adapter.train.lora_r == 16 and adapter.train.lora_alpha == 32
+    mine = TeamTrainer(tiny(tmp_path, policies="adapters", adapter_sft={"train": {"lr": 3e-4, "lora_r": 8}}))
+    assert (mine.sft_config("driver", "tiny-llama", demos).train.lr, mine.sft_config("driver", "tiny-llama", demos).train.lora_r) == (3e-4, 8)
+
+
 def test_the_command_refuses_a_bad_config_in_one_line(tmp_path):
     cfg = tmp_path / "team.yaml"
     cfg.write_text("workflow: coder_tester\nfamily: humaneval\n")

@@ -113,6 +113,8 @@ class TeamTrainConfig(Section):
     stages: list[Literal["sft", "rl"]] = ["sft", "rl"]  # [rl]: RL from the base with no cold start
     demos: TeamDemosConfig = TeamDemosConfig()
     sft: dict = {}  # overrides of the SFT stage's run config (as the pipeline's `sft`), e.g. {train: {steps: 16}}
+    # with policies: adapters, applied over `sft`: a LoRA adapter wants about ten times a full fine-tune's learning rate
+    adapter_sft: dict = {"train": {"lr": 1.0e-3}}
     # overrides of the RL stage's run config: rollout.prompts_per_step tasks a step, rollout.group_size episodes
     # each; rollout.max_new_tokens/temperature/sampler; algo (advantage turn_level by default); train (steps, lr, lora_r)
     rl: dict = {}
@@ -172,7 +174,7 @@ class TeamTrainer:
         over = self.cfg.sft
         if self.cfg.policies == "adapters":  # each role's SFT trains its adapter, of the RL stage's rank unless told
             r = (self.cfg.rl.get("train") or {}).get("lora_r") or ADAPTER_RANK
-            over = _merge({"train": {"lora_r": r, "lora_alpha": 2.0 * r}}, over)
+            over = _merge(_merge({"train": {"lora_r": r, "lora_alpha": 2.0 * r}}, over), self.cfg.adapter_sft)
         return sft_run_config(self._base(key, self.dir / "sft"), start, demos, self.cfg.model.context_length or 4096, over)
 
     def rl_config(self, start: str) -> RunConfig:
