@@ -259,8 +259,25 @@ def multi_agent_pool(results: Path) -> str:
             + f"\nHost: {d['host']}; measured {d['measured_at'][:10]}.\n")
 
 
+
+def multi_agent(results: Path) -> str:
+    """A trained team beside the untrained team, a single agent trained the same way and the other policies settings."""
+    d = load(results, "multi_agent.json")
+    runs = {"shared": "team, one shared policy", "per_role": "team, a model a role", "adapters": "team, a LoRA adapter a role",
+            "single": "single agent"}
+    rows = [[runs[r["run"]], r["stage"], f"{r['passed']}/{r['n']}", f"**{pct(r['pass_rate'])}** [{pct(r['ci95'][0])}, {pct(r['ci95'][1])}]",
+             f"{r['tokens']:,}", r["infra_errors"]] for r in d["rows"]]
+    tests = table(["held-out pass@1, paired", "gained", "lost", "exact McNemar p"],
+                  [[k.replace("_vs_", " vs ").replace("_", " "), m["gained"], m["lost"], f"{m['p_value']:.2g}"]
+                   for k, m in d["tests"].items()])
+    took = table(["run", "training (demos, SFT, RL)", "evaluations"],
+                 [[runs[name], minutes(s["training"]), minutes(s["evaluation"])] for name, s in d["seconds"].items()])
+    return (table(["run", "stage", "passed", "pass@1 [95% interval]", "tokens written", "infra errors"], rows) + "\n" + tests
+            + "\n" + took + f"\nHost: {d['host']}; measured {d['measured_at'][:10]}; `{d['command']}`.\n")
+
 TABLES = {f.__name__: f for f in (agent_demo, agent_rollout, decode, decode_zen4, engine, quant_quality, rl_step, rl_step_phases, sandbox_throughput, envcheck, contention,
-                                   async_vs_sync, async_scale, serve_load, serve_engine_process, scheduler_sim, scheduler_load, multi_agent_pool)}
+                                   async_vs_sync, async_scale, serve_load, serve_engine_process, scheduler_sim, scheduler_load, multi_agent_pool,
+                                   multi_agent)}
 
 
 def render_page(text: str, results: Path) -> str:
