@@ -90,3 +90,31 @@ def test_agent_demo_table_goes_into_the_readme(tmp_path):
     assert "rl vs sft: 2 gained, 0 lost, exact McNemar p = 0.5" in text
     assert "Host: a test host; measured 2026-12-05" in text and text.endswith("<!-- /generated:agent_demo -->\nrest\n")
     assert render_results.render(tmp_path, check=True) == []
+
+
+def test_a_team_run_and_its_variants_become_the_multi_agent_table(tmp_path):
+    spec = importlib.util.spec_from_file_location("multi_agent", SCRIPT.parent / "multi_agent.py")
+    multi_agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(multi_agent)
+    stage = lambda k, tokens: {"passed": k, "n": 30, "pass_rate": k / 30, "ci95": [0.1, 0.5], "infra_errors": 0,  # noqa: E731
+                               "roles": {"navigator": {"tokens": tokens}, "driver": {"tokens": 1}}}
+    summary = {"workflow": "navigator_driver", "family": "multistep", "model": "smollm2-135m-instruct", "policies": "shared",
+               "stages": {"base": stage(0, 999), "rl": stage(12, 99)}, "rl_vs_base": {"gained": 12, "lost": 0, "p_value": 4.9e-4},
+               "timing_s": {"eval_base": 714.3, "demos": 7.8, "sft_shared": 546.4, "rl": 196.6, "eval_rl": 91.7},
+               "config": {"budgets": {"max_turns": 4}, "subfamilies": None}, "measured_at": "2026-12-07T08:00:00",
+               "compared": {"single": {"stages": {"base": {**stage(0, 0), "roles": {"agent": {"tokens": 5}}}},
+                                       "timing_s": {"eval_base": 600.0, "demos": 5.0, "sft_shared": 60.0},
+                                       "rl_vs_single_rl": {"gained": 1, "lost": 8, "p_value": 0.039}}}}
+    res = multi_agent.result(summary, "longhaul team train examples/team.yaml")
+    assert res["seconds"]["shared"] == {"training": 750.8, "evaluation": 806.0, "stages": summary["timing_s"]}
+    assert set(res["tests"]) == {"rl_vs_base", "rl_vs_single_rl"} and res["held_out"] == 30
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "multi_agent.json").write_text(json.dumps(res))
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    page = tmp_path / "docs" / "results" / "multi_agent.md"
+    page.write_text("<!-- generated:multi_agent -->\n<!-- /generated:multi_agent -->\n")
+    render_results.render(tmp_path)
+    text = page.read_text()
+    assert "| team, one shared policy | rl | 12/30 | **40.0%** [10.0%, 50.0%] | 100 | 0 |" in text
+    assert "| single agent | base | 0/30 | **0.0%** [10.0%, 50.0%] | 5 | 0 |" in text
+    assert "| rl vs single rl | 1 | 8 | 0.039 |" in text and "| team, one shared policy | 13 min | 13 min |" in text
