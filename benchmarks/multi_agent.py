@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     compare = [v for v in args.compare.split(",") if v]
     overrides = [f"compare=[{', '.join(compare)}]"] if compare else []
     summary = train_team(load_config(args.config, overrides, model=TeamTrainConfig))
-    command = f"longhaul team train {args.config} {' '.join(repr(o) for o in overrides)}".strip()
+    config = Path(args.config).resolve()
+    shown = config.relative_to(HERE.parent) if config.is_relative_to(HERE.parent) else config
+    command = f"longhaul team train {shown} {' '.join(repr(o) for o in overrides)}".strip()
     res = result(summary, command)
     for r in res["rows"]:
         lo, hi = r["ci95"]
