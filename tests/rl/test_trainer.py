@@ -156,3 +156,18 @@ def test_negative_weight_scales_only_the_advantages_below_the_baseline(advantage
     trainer = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(advantage=advantage, kl_coef=0.0, negative_weight=0.0),
                           TrainConfig(autocast="none", lr=1e-3))
     assert trainer.step(groups)["grad_norm"] > 0  # the samples above the baseline still train
+
+
+def test_a_step_without_signal_advances_the_schedule_quietly():
+    import warnings
+
+    model, tok = load_policy("tiny-llama")
+    trainer = GRPOTrainer(model, tok.pad_token_id, AlgoConfig(), TrainConfig(autocast="none", lr=1e-3, warmup_steps=4))
+    flat = [[Trajectory(t.turns, 1.0, t.group) for t in group] for group in _groups(tok)]  # every reward equal
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's scheduler-before-optimizer warning would fail here
+        m = trainer.step(flat)
+    assert m["num_trained_seqs"] == 0 and m["grad_norm"] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert trainer.scheduler.get_last_lr()[0] == pytest.approx(1e-3 * 2 / 4)  # the warm-up went on by one step

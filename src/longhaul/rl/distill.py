@@ -32,7 +32,7 @@ from longhaul.models.lora import unwrap
 from longhaul.rl.grpo import GRPOTrainer, padded_rows
 from longhaul.rl.logprobs import autocast_ctx, right_pad
 from longhaul.rl.losses import aggregate, entropy_bonus, off_policy_weight
-from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
+from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer, advance_schedule
 from longhaul.rl.registry import Registry
 from longhaul.types import Trajectory
 
@@ -217,7 +217,7 @@ class OnPolicyDistillTrainer(GRPOTrainer):
         rewards, _, seqs, outcome, sizes = self.select(groups)
         m = {"reward": rewards.mean().item(), "num_trained_seqs": len(seqs), "lr": self.scheduler.get_last_lr()[0], "kl": 0.0}
         if not seqs:
-            self.scheduler.step()
+            advance_schedule(self.scheduler)
             return {**m, "distill/reverse_kl": float("nan"), "loss": 0.0, "grad_norm": 0.0, "num_tokens": 0,
                     "entropy": float("nan"), "timing/teacher": 0.0, "timing/update_actor": time.perf_counter() - t0}
         pairs = [(s.prompt_ids, s.completion_ids) for s in seqs]

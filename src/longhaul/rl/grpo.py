@@ -36,7 +36,7 @@ from longhaul.rl.losses import (
     off_policy_weight,
     overlong_penalty,
 )
-from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
+from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer, advance_schedule
 from longhaul.rl.rollout_activations import RolloutActivations
 from longhaul.types import Trajectory
 
@@ -268,7 +268,7 @@ class GRPOTrainer(OptimizerState):
                  "clip_ratio/region_mean": 0.0, "grad_norm": 0.0, "loss": 0.0, "logprob_gap": float("nan"),
                  "timing/ref": 0.0, "num_tokens": 0}
         if not n_seq:
-            self.scheduler.step()
+            advance_schedule(self.scheduler)
             return {**m, **zeros, "timing/update_actor": time.perf_counter() - t0}
         pairs = [(s.prompt_ids, s.completion_ids) for s in seqs]
         behaviour = [s.logprobs for s in seqs]

@@ -7,6 +7,8 @@ to apply a non-finite gradient, so a NaN never reaches the weights or a checkpoi
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from longhaul.errors import LonghaulError
@@ -38,6 +40,16 @@ def clip_and_step(params, optimizer, scheduler, max_norm: float, loss_value: flo
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     return grad_norm.item()
+
+
+
+def advance_schedule(scheduler) -> None:
+    """Advance the schedule by a training step, also one that updated nothing (no group had a
+    reward signal): the schedule counts steps, not updates, so torch's warning that a scheduler
+    stepped before its optimizer ever did is silenced here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`")
+        scheduler.step()
 
 
 class OptimizerState:

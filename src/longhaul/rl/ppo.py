@@ -49,7 +49,7 @@ from longhaul.rl.losses import (
     kl_reward_penalty,
     off_policy_weight,
 )
-from longhaul.rl.optim import clip_and_step, make_optimizer
+from longhaul.rl.optim import advance_schedule, clip_and_step, make_optimizer
 from longhaul.types import Trajectory
 
 
@@ -296,8 +296,8 @@ class PPOTrainer:
         return m
 
     def _advance(self) -> None:
-        self.scheduler.step()
-        self.critic_scheduler.step()
+        advance_schedule(self.scheduler)
+        advance_schedule(self.critic_scheduler)
         self.steps += 1
 
 
