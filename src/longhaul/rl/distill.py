@@ -32,7 +32,7 @@ from longhaul.models.lora import unwrap
 from longhaul.rl.grpo import GRPOTrainer, padded_rows
 from longhaul.rl.logprobs import autocast_ctx, right_pad
 from longhaul.rl.losses import aggregate, entropy_bonus, off_policy_weight
-from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer, advance_schedule
+from longhaul.rl.optim import OptimizerState, advance_schedule, clip_and_step, make_optimizer
 from longhaul.rl.registry import Registry
 from longhaul.types import Trajectory
 

@@ -36,7 +36,7 @@ from longhaul.rl.losses import (
     off_policy_weight,
     overlong_penalty,
 )
-from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer, advance_schedule
+from longhaul.rl.optim import OptimizerState, advance_schedule, clip_and_step, make_optimizer
 from longhaul.rl.rollout_activations import RolloutActivations
 from longhaul.types import Trajectory
 

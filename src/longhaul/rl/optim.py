@@ -42,7 +42,6 @@ def clip_and_step(params, optimizer, scheduler, max_norm: float, loss_value: flo
     return grad_norm.item()
 
 
-
 def advance_schedule(scheduler) -> None:
     """Advance the schedule by a training step, also one that updated nothing (no group had a
     reward signal): the schedule counts steps, not updates, so torch's warning that a scheduler
