@@ -22,14 +22,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import host, write_json  # noqa: E402
 
+
 def stage_rows(name: str, summary: dict) -> list[dict]:
-    out = []
-    for stage, row in summary["stages"].items():
-        out.append({"run": name, "stage": stage, "passed": row["passed"], "n": row["n"], "pass_rate": row["pass_rate"],
-                    "ci95": row["ci95"], "infra_errors": row["infra_errors"],
-                    "tokens": sum(r["tokens"] for r in row["roles"].values()),
-                    "roles": {role: r["tokens"] for role, r in row["roles"].items()}})
-    return out
+    return [{"run": name, "stage": stage, "passed": row["passed"], "n": row["n"], "pass_rate": row["pass_rate"],
+             "ci95": row["ci95"], "infra_errors": row["infra_errors"], "tokens": sum(r["tokens"] for r in row["roles"].values()),
+             "roles": {role: r["tokens"] for role, r in row["roles"].items()}} for stage, row in summary["stages"].items()]
 
 
 def seconds(timing: dict) -> dict:
@@ -40,11 +37,9 @@ def seconds(timing: dict) -> dict:
 
 
 def result(summary: dict, command: str) -> dict:
-    runs = {summary["policies"]: summary, **{name: c for name, c in summary.get("compared", {}).items()}}
+    runs = {summary["policies"]: summary, **summary.get("compared", {})}
     rows = [r for name, s in runs.items() for r in stage_rows(name, s)]
-    tests = {k: v for k, v in summary.items() if "_vs_" in k}
-    for name, c in summary.get("compared", {}).items():
-        tests.update({k: v for k, v in c.items() if "_vs_" in k})
+    tests = {k: v for s in runs.values() for k, v in s.items() if "_vs_" in k}
     return {"command": command, "host": host(), "measured_at": summary["measured_at"], "workflow": summary["workflow"],
             "family": summary["family"], "model": summary["model"], "held_out": rows[0]["n"], "rows": rows, "tests": tests,
             "seconds": {name: seconds(s["timing_s"]) for name, s in runs.items()},
