@@ -9,13 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_main import run_main
+from tests.cli_main import run_main as run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_cli(*args, cwd):
-    return run_main(*args, cwd=cwd)
 
 
 def _assert_clean_error(r, pattern, cwd):

@@ -13,7 +13,7 @@ from longhaul.envs.scene3d.export import export_project
 from longhaul.envs.scene3d.render import render_task, screenshot
 from longhaul.envs.scene3d.world import World
 from longhaul.errors import LonghaulError
-from tests.cli_main import run_main
+from tests.cli_main import run_main as run_cli
 from tests.envs.conftest import needs_browser
 
 SIZE = (640, 480)  # the canvas as displayed (drawn at 320x240)
@@ -44,10 +44,6 @@ def _spinner() -> World:
     w.set_component("slab", "mesh", {"geometry": "box", "size": [2.5, 0.3, 0.6]})
     w.set_component("slab", "behaviour", {"axis": "y", "rate": 90})
     return w
-
-
-def run_cli(*args, cwd):
-    return run_main(*args, cwd=cwd)
 
 
 # ------------------------------------------------------------------ library --

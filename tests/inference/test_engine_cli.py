@@ -4,11 +4,7 @@ import json
 
 import pytest
 
-from tests.cli_main import run_main
-
-
-def run_cli(*args, cwd):
-    return run_main(*args, cwd=cwd)
+from tests.cli_main import run_main as run_cli
 
 
 def test_generate_prints_json_lines(tmp_path):
