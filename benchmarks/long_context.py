@@ -310,7 +310,6 @@ def decode_after(a) -> list[dict]:
 RULER_THRESHOLD = 0.856  # RULER's effective length: the longest length scoring above this
 
 
-HAYSTACK_TOKENS_PER_K = 1331  # a niah haystack of "n k" runs to about n x 1,331 tokens of SmolLM2's tokenizer
 NIAH_VARIANTS = ("plain", "yarn", "tuned")  # (b): the model as it is, with YaRN, and fine-tuned with YaRN
 NIAH_TRAIN_SEEDS = 2_000_000  # the fine-tune's needle tasks: seeds disjoint from the evaluation's (`niah` heldout: 1,000,000 + i)
 
@@ -332,7 +331,7 @@ def niah_finetune(a, work: Path, scaling: dict) -> Path:
             f.write(json.dumps({"messages": [{"role": "user", "content": task.prompt},
                                              {"role": "assistant", "content": needles.reference_reply(task).strip()}]}) + "\n")
     cfg = load_config(None, ["name=niah_ft", f"output_dir={work}", f"model.name={a.model}", "algo.name=sft", f"data.path={rows}",
-                             "data.packing=true", f"data.max_length={HAYSTACK_TOKENS_PER_K * max(lengths) + 256}", "data.batch_size=2",
+                             "data.packing=true", f"data.max_length={1024 * max(lengths)}", "data.batch_size=2",
                              "data.heldout_fraction=0", f"train.steps={a.niah_ft_steps}", "train.micro_batch=1",
                              f"train.lr={a.niah_ft_lr}", f"train.save_every={a.niah_ft_steps}", "log.tensorboard=false",
                              "log.audit=false", f"model.rope_scaling={json.dumps(scaling)}"])
@@ -363,7 +362,7 @@ def niah(a) -> dict:
         for name, scaling, model in variants:
             cmd = [sys.executable, "-m", "longhaul.cli", "eval", "--model", model, "--suite", "niah", "--subfamilies", ",".join(subs),
                    "--n", str(a.niah_n * len(subs)), "--max-new-tokens", "48", "--dtype", a.dtype, "--json",
-                   "--context-length", str(HAYSTACK_TOKENS_PER_K * max(lengths) + 512)]
+                   "--context-length", str(1024 * max(lengths))]  # an n k task fits n x 1,024 with its answer
             if scaling:
                 cmd += ["--rope-scaling", json.dumps(scaling)]
             t = time.perf_counter()

@@ -96,3 +96,15 @@ def test_gguf_blocks_equal_the_dequantized_weights_and_the_engine_runs_them(smol
     assert (a - b).abs().max() <= 0.1 * a.abs().max()
     assert a[b.argmax()] >= a.max() - 0.5, "the quantized engine's first token is (near) the top of fp32's"
     assert set(a.topk(4).indices.tolist()) & set(b.topk(4).indices.tolist()), "their top tokens overlap"
+
+
+def test_niah_prompts_fit_the_window_their_length_names(smollm2):
+    # an "n k" needle task, as the evaluation encodes it, fills most of n x 1,024 tokens and
+    # leaves room for a 48-token answer: an 8k task sits inside the native 8,192 positions
+    from longhaul.envs import niah
+
+    _, tok = smollm2
+    for sub in niah.SUBFAMILIES:
+        for task in niah.make_split("heldout", 3, subfamilies=[sub]):
+            n = len(encode_prompt(tok, task.prompt))
+            assert 0.85 * task.length_tokens < n <= task.length_tokens - 48, (sub, task.seed, n)

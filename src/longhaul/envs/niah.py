@@ -1,8 +1,9 @@
 """`niah`: needles in a haystack of a given length, generated here, for long-context evaluation.
 
 Four kinds, after the passkey test (Mohtashami and Jaggi, 2023) and RULER's synthetic tasks, each
-at six lengths (sub-family `<kind>_<n>k`, n in 1, 2, 4, 8, 16, 32: about n x 1,024 tokens of a
-Llama-style tokenizer; the evaluation counts the real prompt tokens):
+at six lengths (sub-family `<kind>_<n>k`, n in 1, 2, 4, 8, 16, 32): the whole prompt, chat template
+and answer included, fits n x 1,024 tokens of SmolLM2's (Llama-style) tokenizer, so an 8k task
+sits inside an 8,192-token window; the evaluation counts the real prompt tokens.
 - `passkey`: one five-digit pass key hidden in repeated filler; "What is the pass key?"
 - `single`: one "special magic number for <word>" in varied filler sentences; asked for it.
 - `multikey`: four magic numbers for four different words, asked for one of them (the others
@@ -23,12 +24,16 @@ from dataclasses import dataclass
 from longhaul.envs.kit import SPLIT_SEED_BASE
 from longhaul.types import Score
 
-VERSION = "1"
+VERSION = "2"
 FAMILY = "niah"
 KINDS = ("passkey", "single", "multikey", "vartrack")
 LENGTHS_K = (1, 2, 4, 8, 16, 32)
 SUBFAMILIES = tuple(f"{kind}_{n}k" for kind in KINDS for n in LENGTHS_K)
-CHARS_PER_TOKEN = 4.4  # English filler in a Llama / SmolLM2 BPE: the haystack's characters per token
+# the haystack's characters per token in SmolLM2's BPE, measured: the passkey filler repeats short
+# words and punctuation; the varied sentences of the other kinds pack more characters a token
+CHARS_PER_TOKEN = {"passkey": 3.75, "single": 4.8, "multikey": 4.8, "vartrack": 4.8}
+HAYSTACK_SHARE, PROMPT_RESERVE = 0.985, 200  # haystack tokens = share x n x 1,024 - reserve: room for the
+# tokenizer's few percent of spread over seeds, intro, question, chat template and a 48-token answer
 
 _PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 _SENTENCES = (
@@ -55,7 +60,7 @@ class Task:
     seed: int
     difficulty: int
     subfamily: str
-    length_tokens: int  # the haystack's intended length
+    length_tokens: int  # the window the whole prompt fits (n x 1,024)
     depth: float  # where the (first) needle sits, as a share of the haystack
     answer: tuple[str, ...]  # what a passing reply contains
     prompt: str
@@ -91,7 +96,7 @@ def make_task(seed: int, subfamily: str) -> Task:
     rng = random.Random(seed)
     tokens = int(size[:-1]) * 1024
     depth = rng.randrange(11) / 10
-    body = _haystack(rng, kind, int((tokens - 120) * CHARS_PER_TOKEN))
+    body = _haystack(rng, kind, int((tokens * HAYSTACK_SHARE - PROMPT_RESERVE) * CHARS_PER_TOKEN[kind]))
     if kind == "passkey":
         key = _number(rng)
         text = _insert(body, [f"The pass key is {key}. Remember it. {key} is the pass key."], [depth])
