@@ -317,3 +317,14 @@ def test_the_package_exports_the_engine_api_under_vllm_names():
     out = inference.LLMEngine(model=model, tokenizer=tok).generate(
         [[5, 17, 30]], inference.SamplingParams(max_tokens=7, ignore_eos=True, temperature=0))[0]
     assert len(out.token_ids) == 7 and out.finish_reason == "length"
+
+
+def test_the_kv_pool_holds_at_least_one_sequence_of_the_context():
+    # a memory budget too small for one max_model_len sequence still gets a pool that holds one,
+    # so a request the context admits is not refused; num_kv_blocks stays as given
+    model, tok = load_policy("tiny-llama")
+    eng = LLMEngine(model, tokenizer=tok, kv_cache_memory_gb=1e-6, max_model_len=1000, block_size=16)
+    assert eng.kv.num_blocks == 63  # ceil(1000 / 16)
+    out = eng.generate([tok.encode("x" * 900)], SamplingParams(temperature=0, max_tokens=8))[0]
+    assert len(out.token_ids) == 8
+    assert LLMEngine(model, tokenizer=tok, num_kv_blocks=5, max_model_len=1000).kv.num_blocks == 5

@@ -126,3 +126,21 @@ def test_rollout_calls_from_many_threads_share_one_stepping_thread(model):
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda i: generate(eng, tok, [prompts[i]], params, seeds=[40 + i])[0].token_ids, range(4)))
     assert got == alone and len(stepping) == 1 and threading.get_ident() not in stepping
+
+
+def test_a_failed_request_stops_the_rest_of_its_call(model):
+    # one prompt of a rollout call cannot fit the pool: the call raises that error, and by then
+    # the engine holds none of the call's other requests (no step keeps computing for a caller
+    # that has left, e.g. while its process exits)
+    from longhaul.inference.hf_sampler import RolloutParams
+    from longhaul.inference.rollout_sampler import generate
+
+    tok = model[1]
+    eng = LLMEngine(model[0], tokenizer=tok, num_kv_blocks=8, block_size=4)  # 32 slots
+    short, long = tok.encode("hello"), tok.encode("a prompt far longer than the pool holds " * 3)
+    with pytest.raises(LonghaulError, match="KV blocks but the pool has 8"):
+        generate(eng, tok, [short, long, short], RolloutParams(max_new_tokens=16, temperature=0.0))
+    loop = eng.loop()
+    assert loop.num_active == 0 and not eng.has_unfinished_requests()
+    ok = generate(eng, tok, [short], RolloutParams(max_new_tokens=4, temperature=0.0))  # the engine still serves
+    assert len(ok[0].token_ids) == 4

@@ -404,15 +404,17 @@ def _make_offload(cfg: EngineConfig, kv: KVCache, namespace: str | None) -> KVOf
 
 def _make_kv_cache(cfg: EngineConfig, mcfg, max_model_len: int) -> KVCache:
     """The KV pool: `num_kv_blocks`, else as many blocks as kv_cache_memory_gb holds (but no
-    more than max_num_seqs sequences of max_model_len need)."""
+    more than max_num_seqs sequences of max_model_len need, and no fewer than one such sequence
+    needs: a pool that cannot hold one would refuse requests the context admits)."""
     head_dim = getattr(mcfg, "head_dim", None) or mcfg.hidden_size // mcfg.num_attention_heads
     shape = (mcfg.num_hidden_layers, mcfg.num_key_value_heads, head_dim)
     if cfg.kv_cache_dtype == "auto":
         per_token = KVCache.bytes_per_token(*shape, cfg.torch_dtype)
     else:
         per_token = kv_bytes_per_token(cfg.kv_cache_dtype, *shape, cfg.torch_dtype, cfg.block_size)
-    num_blocks = cfg.num_kv_blocks or min(int(cfg.kv_cache_memory_gb * 2**30) // (per_token * cfg.block_size),
-                                          -(-cfg.max_num_seqs * max_model_len // cfg.block_size))
+    one_seq = -(-max_model_len // cfg.block_size)
+    num_blocks = cfg.num_kv_blocks or max(one_seq, min(int(cfg.kv_cache_memory_gb * 2**30) // (per_token * cfg.block_size),
+                                                       cfg.max_num_seqs * one_seq))
     if cfg.kv_cache_dtype == "auto":
         return KVCache(mcfg.num_hidden_layers, num_blocks, cfg.block_size, mcfg.num_key_value_heads, head_dim, cfg.torch_dtype, cfg.device)
 

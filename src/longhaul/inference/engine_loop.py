@@ -149,6 +149,21 @@ class EngineLoop:
             self._commands.append(("abort", request_id))
             self._wake.notify()
 
+    def settle(self, request_ids, timeout: float = 60.0) -> None:
+        """Abort `request_ids` and return once none of them is queued or in the engine, so no
+        step works on them any more (a caller leaving on an error does not leave the thread
+        computing for it while the process exits)."""
+        ids = set(request_ids)
+        for rid in ids:
+            self.abort(rid)
+        deadline = time.perf_counter() + timeout
+        while time.perf_counter() < deadline:
+            with self._wake:
+                busy = ids.intersection(self._streams) or any(c[1] in ids for c in self._commands)
+            if not busy:
+                return
+            time.sleep(0.01)
+
     @property
     def num_pending(self) -> int:
         """Requests submitted but not yet handed to the engine (they join it before the next step)."""

@@ -56,9 +56,14 @@ def _stepped(engine: LLMEngine, prompts: list[list[int]], reqs: list) -> list:
     (episodes running side by side) join the same steps, and every step runs on the same thread."""
     loop = engine.loop()
     streams = [ThreadStream() for _ in prompts]
-    for p, r, s in zip(prompts, reqs, streams):
-        loop.submit(f"rollout-{next(_IDS)}", p, r, s)
-    return [s.wait() for s in streams]
+    ids = [f"rollout-{next(_IDS)}" for _ in prompts]
+    for rid, p, r, s in zip(ids, prompts, reqs, streams):
+        loop.submit(rid, p, r, s)
+    try:
+        return [s.wait() for s in streams]
+    except BaseException:  # one request failed: the others are stopped before the error goes up
+        loop.settle([rid for rid, s in zip(ids, streams) if not s.done])
+        raise
 
 
 def context_length(sampler) -> int:
