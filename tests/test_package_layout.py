@@ -121,7 +121,7 @@ def test_no_source_file_outgrows_a_reader():
 
 # where a longhaul import inside a function is the design: package facades that must stay light (every
 # submodule import runs them first), and imports that load a model or an optional extra only when used
-DEFERRED = {"longhaul.cli", "longhaul.runtime", "longhaul.serve", "longhaul.runtime.families"}
+DEFERRED = {"longhaul.cli", "longhaul.runtime", "longhaul.serve", "longhaul.runtime.families", "longhaul.jobqueue.commands"}
 
 
 def test_longhaul_imports_sit_at_module_level():

@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 
 from longhaul.errors import LonghaulError
+from longhaul.jobqueue.commands import queue_app, submit
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Post-train language models into long-horizon agents.")
 model_app = typer.Typer(no_args_is_help=True, help="Prepare and inspect models.")
@@ -26,6 +27,8 @@ scene_app = typer.Typer(no_args_is_help=True, help="Look at scene3d scenes.")
 app.add_typer(scene_app, name="scene")
 team_app = typer.Typer(no_args_is_help=True, help="Teams of agents that share a workspace (docs/teams.md).")
 app.add_typer(team_app, name="team")
+app.add_typer(queue_app, name="queue")
+app.command("submit")(submit)
 
 
 @app.command()

@@ -2,5 +2,5 @@
 jobs, work units and node-choice policies (`placement`), the placer (`placer`, composing its
 parts over one shared state, `state`: `books`, `holds`, `preemption` and `handover`), its
 estimates (`usage`, `entitlement`) and the mapping onto Ray placement groups (`ray_mapping`).
-The training loop does not use it; the simulator that measures it is `benchmarks/sim`. See
-docs/scheduling.md."""
+The job queue (`longhaul.jobqueue`) runs it on a Ray cluster; the simulator that measures it is
+`benchmarks/sim`. See docs/scheduling.md."""

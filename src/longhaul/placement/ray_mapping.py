@@ -1,13 +1,14 @@
 """Placement on Ray: a job's units become one placement group, one bundle a unit.
 
-`bundles(job, run, cluster)` turns units into bundle dicts (`CPU`, `GPU`, `memory` in bytes);
-given the `Placer`'s decision (`run`), each bundle is also pinned to its node with Ray's
-`node:<ip>` resource, so Ray reserves exactly what the placer locked. `strategy(job, cfg)` is
-the matching Ray strategy when no decision is given: STRICT_PACK (one node) for a gang whose
+`bundles(job)` turns units into bundle dicts (`CPU`, `GPU`, `memory` in bytes); given the
+`Placer`'s decision (`run`), `pins(run, cluster)` is one label selector a bundle that holds it
+on its node by Ray's node ID (`ray.io/node-id`; an address would not do: several raylets may
+share one host), so Ray reserves exactly what the placer locked. `strategy(job, cfg)` is the
+matching Ray strategy when no decision is given: STRICT_PACK (one node) for a gang whose
 checkpoint is large and that fits on one node, otherwise PACK. `nodes_from_ray()` reads the
-live Ray cluster into `Node`s (the rack label from a `rack:<label>` custom resource, as set by
-`ray start --resources='{"rack:r1": 1}'`). `reserve` creates the group and waits for it;
-`actor_options` gives the `.options(...)` of the actor that runs a unit.
+live Ray cluster into `Node`s named by node ID (the rack label from a `rack:<label>` custom
+resource, as set by `ray start --resources='{"rack:r1": 1}'`). `reserve` creates the group and
+waits for it; `actor_options` gives the `.options(...)` of the actor that runs a unit.
 
 Ray is imported inside the functions that need it (the `ray` extra).
 """
@@ -19,8 +20,9 @@ from longhaul.placement.cluster import Cluster, Node, Resources
 from longhaul.placement.placement import Job, Running
 from longhaul.placement.placer import PlacerConfig
 
-PIN = 0.001  # of a node's `node:<ip>` resource: enough to pin a bundle, never enough to exhaust it
+PIN = 0.001  # CPUs of a bundle that asks for nothing: Ray refuses an empty bundle
 GIB = 1024 ** 3
+NODE_ID = "ray.io/node-id"  # the label every Ray node carries
 
 
 def unit_bundle(needs: Resources) -> dict:
@@ -29,15 +31,14 @@ def unit_bundle(needs: Resources) -> dict:
     return out or {"CPU": PIN}  # Ray refuses an empty bundle
 
 
-def bundles(job: Job, run: Running | None = None, cluster: Cluster | None = None) -> list[dict]:
-    """One bundle per unit, pinned to the placer's nodes when `run` (and its cluster) are given."""
-    out = [unit_bundle(u.needs) for u in job.units]
-    if run is not None:
-        if cluster is None:
-            raise ValueError("pinning bundles to the placer's nodes needs the cluster they were placed on")
-        for b, i in zip(out, run.nodes):
-            b[f"node:{cluster.nodes[i].name}"] = PIN
-    return out
+def bundles(job: Job) -> list[dict]:
+    """One bundle per unit."""
+    return [unit_bundle(u.needs) for u in job.units]
+
+
+def pins(run: Running, cluster: Cluster) -> list[dict]:
+    """Each unit's label selector: the node (a `nodes_from_ray` name) the placer put it on."""
+    return [{NODE_ID: cluster.nodes[i].name} for i in run.nodes]
 
 
 def strategy(job: Job, cfg: PlacerConfig = PlacerConfig(), node: Resources | None = None) -> str:
@@ -50,7 +51,7 @@ def strategy(job: Job, cfg: PlacerConfig = PlacerConfig(), node: Resources | Non
 
 
 def nodes_from_ray() -> list[Node]:
-    """The alive nodes of the connected Ray cluster, named by IP (what `node:<ip>` pins to)."""
+    """The alive nodes of the connected Ray cluster, named by node ID (what `pins` selects)."""
     import ray
 
     out = []
@@ -59,18 +60,23 @@ def nodes_from_ray() -> list[Node]:
             continue
         res = n["Resources"]
         rack = next((k.split(":", 1)[1] for k in sorted(res) if k.startswith("rack:")), "rack-0")
-        out.append(Node(n["NodeManagerAddress"], Resources(res.get("CPU", 0.0), res.get("memory", 0.0) / GIB, int(res.get("GPU", 0))), rack))
+        out.append(Node(n["NodeID"], Resources(res.get("CPU", 0.0), res.get("memory", 0.0) / GIB, int(res.get("GPU", 0))), rack))
     return out
 
 
 def reserve(job: Job, run: Running | None = None, cluster: Cluster | None = None, cfg: PlacerConfig = PlacerConfig(),
-            timeout_s: float = 60.0):
-    """Create the job's placement group and wait until Ray has reserved every bundle."""
+            timeout_s: float = 60.0, lifetime: str | None = None):
+    """Create the job's placement group (pinned to the placer's nodes when `run` and `cluster`
+    are given) and wait until Ray has reserved every bundle. `lifetime="detached"` keeps it after
+    the creating process ends (the job queue's runs outlive a restart of the queue)."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    bs = bundles(job, run, cluster)
+    bs = bundles(job)
+    if run is not None and cluster is None:
+        raise ValueError("pinning bundles to the placer's nodes needs the cluster they were placed on")
     strat = "PACK" if run is not None else strategy(job, cfg)
-    pg = placement_group(bs, strategy=strat, name=f"longhaul-{job.id}")
+    pg = placement_group(bs, strategy=strat, name=f"longhaul-{job.id}", lifetime=lifetime,
+                         bundle_label_selector=pins(run, cluster) if run is not None else None)
     if not pg.wait(timeout_s):
         remove_placement_group(pg)
         raise LonghaulError(f"Ray could not reserve job {job.id!r} ({len(bs)} bundles, {strat}) within {timeout_s:g} s; "

@@ -1,0 +1,194 @@
+"""The job queue on a real multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`:
+one raylet per node, custom resources standing for racks, one node declaring a GPU): tiny
+`longhaul train` runs submitted in two domains start where the placer says (checked against
+Ray's own view of each run's actor), no node is ever given more than it has, a high-priority
+run pre-empts a low one that saves, is requeued and resumes to the weights of an uninterrupted
+run, a restart of the service adopts the runs it finds and starts none twice, and a run whose
+node dies is requeued and ends elsewhere."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tests.cli_main import run_main
+
+ray = pytest.importorskip("ray")
+ROOT = Path(__file__).resolve().parents[2]
+GB = 1024 ** 3
+SFT = ["examples/tiny_sft.yaml", f"data.path={ROOT / 'examples/data/tiny_chat.jsonl'}", "log.report_to=[]", "eval.before_after=false"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    try:
+        nodes = {"a": c.add_node(num_cpus=1, memory=3 * GB, resources={"rack:r1": 1}),
+                 "b": c.add_node(num_cpus=1, memory=3 * GB, resources={"rack:r1": 1}),
+                 "g": c.add_node(num_cpus=1, num_gpus=1, memory=3 * GB, resources={"rack:r2": 1})}
+        c.wait_for_nodes()
+        ray.init(address=c.address, namespace="longhaul", log_to_driver=False)
+        yield c, nodes, tmp_path_factory.mktemp("queue")
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        Path("/tmp/ray/ray_current_cluster").unlink(missing_ok=True)  # else a later ray.init() would join the dead cluster
+
+
+def cli(*args, cwd=ROOT):
+    r = run_main(*args, cwd=cwd)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def status() -> dict:
+    """The service's status, asked directly (the watcher's thread cannot share the CLI's captured stdout)."""
+    return ray.get(ray.get_actor("longhaul-queue", namespace="longhaul").status.remote(), timeout=120)
+
+
+class Watch:
+    """Polls the queue while a test runs: the node of every live run against the node its actor
+    is on in Ray's view, and what the live runs ask of each node against what it has."""
+
+    def __init__(self, capacity: dict[str, tuple[float, int]]):
+        self.capacity, self.placed, self.over, self.stop = capacity, {}, [], threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.wait(0.3):
+            runs = status()["runs"]
+            held: dict[str, list] = {}
+            for r in runs:
+                if r["state"] not in ("starting", "running"):
+                    continue
+                h = held.setdefault(r["node"], [0.0, 0])
+                h[0], h[1] = h[0] + r["cpus"], h[1] + r["gpus"]
+                if r["state"] == "running":
+                    try:
+                        actor = ray.get_actor(f"longhaul-run-{r['id']}", namespace="longhaul")
+                        self.placed[(r["id"], r["attempts"])] = (r["node"], ray.get(actor.info.remote(), timeout=30)["node"])
+                    except Exception:
+                        pass  # it ended between the status and the lookup
+            self.over += [(n, h) for n, h in held.items() if h[0] > self.capacity[n][0] or h[1] > self.capacity[n][1]]
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(30)
+
+
+def wait_for(pred, timeout=300, what="the queue"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = status()
+        if pred(st):
+            return st
+        time.sleep(0.5)
+    raise AssertionError(f"{what} did not happen in {timeout} s: {st}")
+
+
+def by_id(st) -> dict:
+    return {r["id"]: r for r in st["runs"]}
+
+
+def capacity(c_nodes) -> dict:
+    out = {}
+    for n in ray.nodes():
+        if n["Alive"]:
+            out[n["NodeID"]] = (n["Resources"].get("CPU", 0.0), int(n["Resources"].get("GPU", 0)))
+    return out
+
+
+def test_runs_start_where_the_placer_says_and_no_node_is_oversubscribed(cluster):
+    c, nodes, home = cluster
+    cli("queue", "start", "--home", str(home / "q1"), "--pass-every-s", "0.5", "--metrics-port", "0")
+    watch = Watch(capacity(nodes))
+    try:
+        ids = [cli("submit", *SFT, "train.steps=40", "--domain", d, "--priority", p, *extra).split()[1]
+               for d, p, extra in (("x", "0", []), ("y", "0", []), ("x", "1", ["--gpus", "1"]))]
+        r = run_main("submit", *SFT, "--gpus", "4", cwd=ROOT)
+        assert r.returncode == 2 and "no node of the cluster has 1 CPUs, 0 GB and 4 GPUs" in r.stderr
+        port = wait_for(lambda s: any(x["state"] == "running" for x in s["runs"]), 120, "a start")["metrics_port"]
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert "longhaul_queue_run_info{" in metrics and "longhaul_queue_node_free_cpus{" in metrics
+        st = wait_for(lambda s: all(by_id(s)[i]["state"] in ("done", "failed") for i in ids), 300, "three runs ending")
+    finally:
+        watch.close()
+    table = cli("queue", "status")
+    assert all(f"{i}   " in table for i in ids) and "3 starts" in table
+    assert json.loads(cli("queue", "status", "--json"))["runs"][0]["id"] == ids[0]
+    cli("queue", "stop")
+    r = run_main("queue", "status", cwd=ROOT)
+    assert r.returncode == 2 and "no queue service on this Ray cluster; start it with `longhaul queue start`" in r.stderr
+    runs = by_id(st)
+    assert [runs[i]["state"] for i in ids] == ["done"] * 3, [runs[i]["reason"] for i in ids]
+    assert runs[ids[2]]["node"] == nodes["g"].node_id  # the GPU run on the GPU node
+    assert {runs[ids[0]]["node"], runs[ids[1]]["node"]} == {nodes["a"].node_id, nodes["b"].node_id}  # CPU runs keep off it
+    assert watch.placed and all(ours == rays for ours, rays in watch.placed.values())  # Ray put each actor where we said
+    assert not watch.over
+    assert all((home / "q1" / "runs" / i / "tiny_sft" / "checkpoints" / "step_40" / "model.safetensors").is_file() for i in ids)
+
+
+def final_weights(run_root: Path, steps: int) -> dict:
+    return load_file(str(run_root / "tiny_sft" / "checkpoints" / f"step_{steps}" / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_preemption_resumes_exactly_restart_adopts_and_a_lost_node_requeues(cluster, tmp_path):
+    c, nodes, home = cluster
+    q = home / "q2"
+    steps = 300
+    ref = tmp_path / "ref"  # the same run, uninterrupted
+    subprocess.run([sys.executable, "-m", "longhaul.cli", "train", *SFT, f"train.steps={steps}", f"output_dir={ref}"], cwd=ROOT,
+                   check=True, capture_output=True, env=os.environ)
+    cli("queue", "start", "--home", str(q), "--pass-every-s", "0.5", "--placer", "preempt_after_s=0", "--stop-grace-s", "60")
+    watch = Watch(capacity(nodes))
+    try:
+        low = [cli("submit", *SFT, f"train.steps={steps}", "train.save_every=1000", "--domain", d).split()[1] for d in ("x", "y")]
+        wait_for(lambda s: all(by_id(s)[i]["state"] == "running" for i in low), 120, "two low-priority starts")
+        wait_for(lambda s: all((q / "runs" / i / "tiny_sft" / "metrics.jsonl").is_file() for i in low), 120, "training under way")
+        high = cli("submit", *SFT, "train.steps=20", "--domain", "y", "--priority", "5").split()[1]
+        st = wait_for(lambda s: by_id(s)[high]["state"] == "done", 300, "the high-priority run")
+        victim = next(i for i in low if by_id(st)[i]["preemptions"] == 1)
+        assert by_id(st)[high]["node"] in {nodes["a"].node_id, nodes["b"].node_id}
+        st = wait_for(lambda s: by_id(s)[victim]["attempts"] == 2 and by_id(s)[victim]["state"] == "running", 120, "the resume")
+        cli("queue", "stop")  # the service goes, the runs stay
+        cli("queue", "start", "--home", str(q), "--pass-every-s", "0.5", "--placer", "preempt_after_s=0")
+        st = wait_for(lambda s: all(by_id(s)[i]["state"] in ("done", "failed") for i in low), 300, "the low runs ending")
+        assert st["counts"]["adopted"] >= 1 and st["counts"]["requeued_on_restart"] == 0
+        lost = cli("submit", *SFT, "train.steps=400", "train.save_every=1000", "--domain", "x").split()[1]
+        st = wait_for(lambda s: by_id(s)[lost]["state"] == "running", 120, "a run to lose")
+        where = next(n for n in nodes.values() if n.node_id == by_id(st)[lost]["node"])
+        c.remove_node(where)
+        st = wait_for(lambda s: by_id(s)[lost]["attempts"] == 2, 180, "the lost run's restart")
+        assert by_id(st)[lost]["node"] != where.node_id
+        st = wait_for(lambda s: by_id(s)[lost]["state"] in ("done", "failed"), 300, "the lost run ending elsewhere")
+    finally:
+        watch.close()
+        cli("queue", "stop")
+    runs = by_id(st)
+    assert [runs[i]["state"] for i in (*low, high, lost)] == ["done"] * 4, [r["reason"] for r in runs.values()]
+    other = next(i for i in low if i != victim)
+    assert (runs[victim]["attempts"], runs[other]["attempts"]) == (2, 1)  # the restart started nothing again
+    log = (q / "runs" / victim / "attempt-1.log").read_text()
+    assert "stopped" in log.lower()  # it saved on the notice and said so
+    expected = final_weights(ref, steps)
+    for i in low:
+        got = final_weights(q / "runs" / i, steps)
+        assert all(torch_equal(got[k], expected[k]) for k in expected), f"run {i} ended on other weights"
+    assert watch.placed and all(ours == rays for ours, rays in watch.placed.values()) and not watch.over
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.allclose(a, b, rtol=0, atol=1e-6)
