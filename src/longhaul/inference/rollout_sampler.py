@@ -2,8 +2,9 @@
 
 `generate(sampler, tok, prompts, params, seed)` takes `RolloutParams`
 (`max_new_tokens`, `temperature`, `top_p`, `stop`) and returns `Completion`s, whether
-`sampler` is an `LLMEngine` (the default for training and evaluation runs) or a plain HF model
-(the compact `hf_sampler`, kept for callers that hold only a model). With the engine, request i
+`sampler` is an `LLMEngine` (the default for training and evaluation runs), a `VLLMEngine`
+(vLLM in its own process, `rollout.sampler: vllm`) or a plain HF model (the compact
+`hf_sampler`, kept for callers that hold only a model). With the engine, request i
 of a call gets the seed derived from (seed, i), or `seeds[i]`, so a call is reproducible
 whatever ran before or beside it. Engine calls go through the engine's one stepping thread
 (`engine_loop`), so calls from many threads at once share its steps.
@@ -25,6 +26,7 @@ from longhaul.inference.engine_loop import ThreadStream
 from longhaul.inference.hf_sampler import Completion, RolloutParams
 from longhaul.inference.hf_sampler import generate as hf_generate
 from longhaul.inference.sampling import SamplingParams
+from longhaul.inference.vllm_engine import VLLMEngine
 from longhaul.models.lora import is_lora, unwrap
 
 
@@ -33,13 +35,16 @@ def generate(sampler, tok, prompts: list[list[int]], params: RolloutParams, seed
     """`lora`: the engine's LoRA adapter the requests run with (`LLMEngine.add_lora`)."""
     if not isinstance(sampler, LLMEngine):
         if lora is not None:
-            raise LonghaulError("LoRA adapters run on the engine; set rollout.sampler to engine")
-        return hf_generate(sampler, tok, prompts, params, seed=seed)
+            raise LonghaulError("LoRA adapters run on longhaul's engine; set rollout.sampler to engine")
+        if not isinstance(sampler, VLLMEngine):
+            return hf_generate(sampler, tok, prompts, params, seed=seed)
     if not prompts or any(len(x) == 0 for x in prompts):
         raise ValueError("every prompt needs at least one token")
     if seeds is not None and len(seeds) != len(prompts):
         raise ValueError(f"got {len(seeds)} seeds for {len(prompts)} prompts; pass one a prompt")
     seeds = seeds if seeds is not None else [(seed * 1_000_003 + i) % (2 ** 63) for i in range(len(prompts))]
+    if isinstance(sampler, VLLMEngine):
+        return sampler.generate(prompts, params, seeds)
     reqs = [SamplingParams(max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
                          stop=list(params.stop) or None, include_stop_str_in_output=True, skip_special_tokens=False,
                          seed=s, lora=lora) for s in seeds]
@@ -68,7 +73,7 @@ def _stepped(engine: LLMEngine, prompts: list[list[int]], reqs: list) -> list:
 
 def context_length(sampler) -> int:
     """The longest prompt + completion the sampler serves."""
-    if isinstance(sampler, LLMEngine):
+    if isinstance(sampler, (LLMEngine, VLLMEngine)):
         return sampler.max_model_len
     return sampler.config.max_position_embeddings
 
@@ -113,5 +118,5 @@ def _plain_copy(model):
     return shell.to_empty(device="cpu")
 
 
-def sync_weights(engine: LLMEngine, policy, version: int) -> None:
+def sync_weights(engine: LLMEngine | VLLMEngine, policy, version: int) -> None:
     engine.update_weights(merged_state_dict(policy), version)

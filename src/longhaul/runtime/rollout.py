@@ -26,6 +26,9 @@ import torch
 from longhaul.agent.rollout import rollout_groups
 from longhaul.errors import LonghaulError
 from longhaul.inference import LLMEngine, RolloutParams, make_engine
+from longhaul.inference.rollout_sampler import merged_state_dict
+from longhaul.inference.vllm_engine import VLLMEngine
+from longhaul.models.lora import unwrap
 from longhaul.models import load_policy
 from longhaul.rl.grpo import frozen_copy
 from longhaul.runtime.families import build_family, domain_runs
@@ -72,6 +75,11 @@ def make_sampler(cfg, policy, tok):
         q = cfg.rollout.quantization
         return make_engine(policy, tok, cfg.rollout.dtype, max_model_len=cfg.model.context_length,
                            quantization=None if q == "none" else q)
+    if cfg.rollout.sampler == "vllm":
+        if cfg.rollout.quantization != "none":
+            raise LonghaulError("rollout.quantization is the built-in engine's; with rollout.sampler vllm leave it none")
+        return VLLMEngine(unwrap(policy), tok, cfg.rollout.dtype, max_model_len=cfg.model.context_length, seed=cfg.seed,
+                          tensors=merged_state_dict(policy))
     if cfg.rollout.quantization != "none":
         raise LonghaulError(f"rollout.quantization {cfg.rollout.quantization} needs rollout.sampler engine; the HF sampler "
                             f"runs float weights")
@@ -102,7 +110,7 @@ class RolloutWorker:
         with self._lock:
             if version <= self.version and self._loads:
                 return
-            if isinstance(self.sampler, LLMEngine):
+            if isinstance(self.sampler, (LLMEngine, VLLMEngine)):
                 self.sampler.update_weights(tensors, version, keep_kv=self.cfg.runtime.inflight_kv == "keep")
             else:  # the HF sampler: a plain module copy, loaded between requests only
                 self.sampler.load_state_dict(tensors, strict=False)
