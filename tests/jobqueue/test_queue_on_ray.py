@@ -66,7 +66,10 @@ class Watch:
 
     def _run(self):
         while not self.stop.wait(0.3):
-            runs = status()["runs"]
+            try:
+                runs = status()["runs"]
+            except (ValueError, ray.exceptions.RayError):  # the service is down (killed, restarting)
+                continue
             held: dict[str, list] = {}
             for r in runs:
                 if r["state"] not in ("starting", "running"):
@@ -161,7 +164,8 @@ def test_preemption_resumes_exactly_restart_adopts_and_a_lost_node_requeues(clus
         victim = next(i for i in low if by_id(st)[i]["preemptions"] == 1)
         assert by_id(st)[high]["node"] in {nodes["a"].node_id, nodes["b"].node_id}
         st = wait_for(lambda s: by_id(s)[victim]["attempts"] == 2 and by_id(s)[victim]["state"] == "running", 120, "the resume")
-        cli("queue", "stop")  # the service goes, the runs stay
+        ray.kill(ray.get_actor("longhaul-queue", namespace="longhaul"))  # the service is killed mid-pass; the runs stay
+        time.sleep(2)
         cli("queue", "start", "--home", str(q), "--pass-every-s", "0.5", "--placer", "preempt_after_s=0")
         st = wait_for(lambda s: all(by_id(s)[i]["state"] in ("done", "failed") for i in low), 300, "the low runs ending")
         assert st["counts"]["adopted"] >= 1 and st["counts"]["requeued_on_restart"] == 0
