@@ -34,7 +34,7 @@ def cluster(tmp_path_factory):
     try:
         nodes = {"a": c.add_node(num_cpus=1, memory=3 * GB, resources={"rack:r1": 1}),
                  "b": c.add_node(num_cpus=1, memory=3 * GB, resources={"rack:r1": 1}),
-                 "g": c.add_node(num_cpus=1, num_gpus=1, memory=3 * GB, resources={"rack:r2": 1})}
+                 "g": c.add_node(num_cpus=1, num_gpus=1, memory=3 * GB, labels={"rack": "r2"})}  # a label names a rack too
         c.wait_for_nodes()
         ray.init(address=c.address, namespace="longhaul", log_to_driver=False)
         yield c, nodes, tmp_path_factory.mktemp("queue")
@@ -135,6 +135,7 @@ def test_runs_start_where_the_placer_says_and_no_node_is_oversubscribed(cluster)
     runs = by_id(st)
     assert [runs[i]["state"] for i in ids] == ["done"] * 3, [runs[i]["reason"] for i in ids]
     assert runs[ids[2]]["node"] == nodes["g"].node_id  # the GPU run on the GPU node
+    assert {n["node"]: n["rack"] for n in st["nodes"]}[nodes["g"].node_id] == "r2"
     assert {runs[ids[0]]["node"], runs[ids[1]]["node"]} == {nodes["a"].node_id, nodes["b"].node_id}  # CPU runs keep off it
     assert watch.placed and all(ours == rays for ours, rays in watch.placed.values())  # Ray put each actor where we said
     assert not watch.over

@@ -6,8 +6,9 @@ on its node by Ray's node ID (`ray.io/node-id`; an address would not do: several
 share one host), so Ray reserves exactly what the placer locked. `strategy(job, cfg)` is the
 matching Ray strategy when no decision is given: STRICT_PACK (one node) for a gang whose
 checkpoint is large and that fits on one node, otherwise PACK. `nodes_from_ray()` reads the
-live Ray cluster into `Node`s named by node ID (the rack label from a `rack:<label>` custom
-resource, as set by `ray start --resources='{"rack:r1": 1}'`). `reserve` creates the group and
+live Ray cluster into `Node`s named by node ID (the rack from the node label `rack`, as
+`ray start --labels rack=r1` sets it, else from a `rack:<label>` custom resource, as
+`ray start --resources='{"rack:r1": 1}'` sets it). `reserve` creates the group and
 waits for it; `actor_options` gives the `.options(...)` of the actor that runs a unit.
 
 Ray is imported inside the functions that need it (the `ray` extra).
@@ -58,8 +59,8 @@ def nodes_from_ray() -> list[Node]:
     for n in ray.nodes():
         if not n.get("Alive"):
             continue
-        res = n["Resources"]
-        rack = next((k.split(":", 1)[1] for k in sorted(res) if k.startswith("rack:")), "rack-0")
+        res, labels = n["Resources"], n.get("Labels") or {}
+        rack = labels.get("rack") or next((k.split(":", 1)[1] for k in sorted(res) if k.startswith("rack:")), "rack-0")
         out.append(Node(n["NodeID"], Resources(res.get("CPU", 0.0), res.get("memory", 0.0) / GIB, int(res.get("GPU", 0))), rack))
     return out
 
