@@ -17,7 +17,8 @@ A pass (every `pass_every_s`):
 Every pass checks the placer's ledger (`Cluster.check`): no node is ever promised beyond what
 Ray reports it has. A run is one work unit (its `--cpus`, `--mem-gb`, `--gpus`), and its
 checkpoint is cached on the node it last ran on, which the placer prefers when it comes back.
-The placer's fair-share memory starts afresh when the service restarts; the runs do not.
+The placer's fair-share memory starts afresh when the service restarts or the nodes change;
+the runs do not.
 
 `/metrics` (with `metrics_port`): the runs in each state by domain, each run's state, passes,
 starts, pre-emptions, lost nodes, and each node's free CPUs and GPUs, in Prometheus' text format.
@@ -135,8 +136,8 @@ class QueueService:
         self.counts["passes"] += 1
 
     def _follow_nodes(self, now: float) -> None:
-        nodes = nodes_from_ray()
-        if self.placer is not None and [n.name for n in nodes] == [n.name for n in self.nodes]:
+        nodes = sorted(nodes_from_ray(), key=lambda n: n.name)  # Ray lists them in no fixed order
+        if self.placer is not None and nodes == self.nodes:
             return
         alive = {n.name for n in nodes}
         for rec in self.store.all(LIVE):
