@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test,trackers]'
 	touch $(STAMP)
 
-setup: $(STAMP) bwrap kernels scene3d console vllm
+setup: $(STAMP) bwrap kernels scene3d console
 
 # the native decode kernels (ops/csrc) need a C++ compiler; build them once here so
 # no run pays the minute; without a compiler the engine says so and keeps torch's ops
@@ -102,9 +102,9 @@ demo: model
 	$(BIN)/longhaul envcheck multistep terminal --n 40
 	$(BIN)/longhaul pipeline examples/agent.yaml
 
-test: setup
+test: setup vllm
 	$(BIN)/ruff check --select F,E9 --quiet src tests benchmarks
 	$(BIN)/python -m pytest -q; rc=$$?; [ $$rc = 5 ] && exit 0; exit $$rc
 
-test-slow: model
+test-slow: model vllm
 	$(BIN)/python -m pytest -q -m slow; rc=$$?; [ $$rc = 5 ] && exit 0; exit $$rc
