@@ -7,8 +7,8 @@ vLLM runs in its own interpreter (`vllm_worker.py`: its pinned dependencies do n
 longhaul's environment), found as `$LONGHAUL_VLLM_PYTHON`, else this interpreter when it can
 import vllm; `make vllm` builds `.venv-vllm` with vLLM's CPU build. The model goes to the worker
 as an HF directory (a policy in memory is saved to a temporary one first); new weights travel as
-one safetensors file in shared memory (/dev/shm where it exists) and are loaded into the model
-with vLLM's `load_weights`, after which its prefix cache is reset. Calls are serialized (one
+one safetensors file in shared memory (/dev/shm where it exists) and are reloaded in place
+(`vllm_worker.py` says how), after which its prefix cache is reset. Calls are serialized (one
 request batch at a time): episodes on many threads do not share steps as on the built-in engine.
 
 Sampling semantics are longhaul's `SamplingParams`: temperature 0 is greedy, a per-request seed

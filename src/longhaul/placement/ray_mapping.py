@@ -1,9 +1,9 @@
 """Placement on Ray: a job's units become one placement group, one bundle a unit.
 
 `bundles(job)` turns units into bundle dicts (`CPU`, `GPU`, `memory` in bytes); given the
-`Placer`'s decision (`run`), `pins(run, cluster)` is one label selector a bundle that holds it
-on its node by Ray's node ID (`ray.io/node-id`; an address would not do: several raylets may
-share one host), so Ray reserves exactly what the placer locked. `strategy(job, cfg)` is the
+`Placer`'s decision (`run`), `pins(run, cluster)` gives each bundle a label selector on Ray's
+node ID (`ray.io/node-id`) that holds it on the node the placer chose (an address would not
+do: several raylets may share one host), so Ray reserves exactly what the placer locked. `strategy(job, cfg)` is the
 matching Ray strategy when no decision is given: STRICT_PACK (one node) for a gang whose
 checkpoint is large and that fits on one node, otherwise PACK. `nodes_from_ray()` reads the
 live Ray cluster into `Node`s named by node ID (the rack from the node label `rack`, as
