@@ -60,7 +60,7 @@ class Watch:
     is on in Ray's view, and what the live runs ask of each node against what it has."""
 
     def __init__(self, capacity: dict[str, tuple[float, int]]):
-        self.capacity, self.placed, self.over, self.stop = capacity, {}, [], threading.Event()
+        self.capacity, self.placed, self.over, self.missing, self.stop = capacity, {}, [], [], threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -80,9 +80,24 @@ class Watch:
                     try:
                         actor = ray.get_actor(f"longhaul-run-{r['id']}", namespace="longhaul")
                         self.placed[(r["id"], r["attempts"])] = (r["node"], ray.get(actor.info.remote(), timeout=30)["node"])
-                    except Exception:
-                        pass  # it ended between the status and the lookup
+                    except (ValueError, ray.exceptions.RayError):
+                        self._still_running(r)  # it may have ended between the status and the lookup
             self.over += [(n, h) for n, h in held.items() if h[0] > self.capacity[n][0] or h[1] > self.capacity[n][1]]
+
+    def _still_running(self, r: dict, grace_s: float = 15.0) -> None:
+        """A run the books call running whose actor could not be reached: fine if it ended, or the
+        service saw its actor die and requeued it (at its next pass, hence the grace); a run still
+        running as that attempt without its actor after the grace is a fault, kept in `missing`."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            try:
+                now = by_id(status())[r["id"]]
+            except (ValueError, ray.exceptions.RayError):  # the service went down meanwhile: nothing to judge
+                return
+            if now["state"] != "running" or now["attempts"] != r["attempts"]:
+                return
+            time.sleep(0.5)
+        self.missing.append((r["id"], r["attempts"]))
 
     def close(self):
         self.stop.set()
@@ -138,7 +153,7 @@ def test_runs_start_where_the_placer_says_and_no_node_is_oversubscribed(cluster)
     assert {n["node"]: n["rack"] for n in st["nodes"]}[nodes["g"].node_id] == "r2"
     assert {runs[ids[0]]["node"], runs[ids[1]]["node"]} == {nodes["a"].node_id, nodes["b"].node_id}  # CPU runs keep off it
     assert watch.placed and all(ours == rays for ours, rays in watch.placed.values())  # Ray put each actor where we said
-    assert not watch.over
+    assert not watch.over and not watch.missing
     assert all((home / "q1" / "runs" / i / "tiny_sft" / "checkpoints" / "step_40" / "model.safetensors").is_file() for i in ids)
 
 
@@ -190,7 +205,7 @@ def test_preemption_resumes_exactly_restart_adopts_and_a_lost_node_requeues(clus
     for i in low:
         got = final_weights(q / "runs" / i, steps)
         assert all(torch_equal(got[k], expected[k]) for k in expected), f"run {i} ended on other weights"
-    assert watch.placed and all(ours == rays for ours, rays in watch.placed.values()) and not watch.over
+    assert watch.placed and all(ours == rays for ours, rays in watch.placed.values()) and not watch.over and not watch.missing
 
 
 def torch_equal(a, b) -> bool:
