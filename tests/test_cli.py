@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.cli_main import run_main as run_cli
 
@@ -27,6 +28,11 @@ def _assert_clean_error(r, pattern, cwd):
     ("train.stpes=3", "did you mean train.steps"),
     ("model.name=/no/such/model", "neither a built-in"),
     ("model.context_length=32", "over the model context of 32"),
+    ("train.device=tpu", "auto, cpu, cuda or cuda:N"),
+    pytest.param("rollout.device=cuda", "use device cpu, or auto",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")),
+    pytest.param("train.device=cuda:7", "use device cpu, or auto",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")),
 ])
 def test_bad_train_input(tmp_path, override, pattern):
     r = run_cli("train", str(ROOT / "examples/tiny_grpo.yaml"), override, cwd=tmp_path)

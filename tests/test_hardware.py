@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from longhaul import hardware
+from longhaul.errors import LonghaulError
 from longhaul.ops import kernels
 
 
@@ -92,3 +93,40 @@ def test_auto_resolves_each_way_whatever_the_host(monkeypatch, faster):
     assert hardware.resolve_dtype("auto") == RolloutConfig().dtype == ("bfloat16" if faster else "float32")
     assert hardware.resolve_autocast("auto") == TrainConfig().autocast == ("bfloat16" if faster else "none")
     assert RolloutConfig(dtype="float32").dtype == "float32" and TrainConfig(autocast="none").autocast == "none"
+
+
+def test_auto_device_is_a_gpu_only_where_torch_sees_one():
+    assert hardware.resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert hardware.resolve_device("cpu") == "cpu"
+
+
+@pytest.mark.parametrize("name", ["gpu", "cuda:", "cuda:x", "CPU", "mps"])
+def test_device_names_outside_the_list_are_refused_in_one_line(name):
+    with pytest.raises(LonghaulError, match=r"^device .* is not one of auto, cpu, cuda or cuda:N; pick one of those$"):
+        hardware.resolve_device(name)
+
+
+def test_a_gpu_that_is_not_here_is_refused_with_what_torch_sees(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(LonghaulError, match=r"device cuda asked for, but .*; use device cpu, or auto$"):
+        hardware.resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert hardware.resolve_device("cuda:1") == "cuda:1"
+    with pytest.raises(LonghaulError, match=r"torch sees 2 CUDA GPU\(s\); use cuda:0 .. cuda:1$"):
+        hardware.resolve_device("cuda:2")
+
+
+def test_bf16_autocast_follows_the_device_it_is_asked_about():
+    from longhaul.ops.autocast import autocast, autocast_dtype, no_autocast
+
+    assert autocast_dtype("cpu") is None
+    with autocast("bfloat16"):
+        assert autocast_dtype("cpu") == torch.bfloat16
+        assert autocast_dtype(torch.zeros(1).device) == torch.bfloat16
+        x = torch.randn(4, 8)
+        assert (x @ x.t()).dtype == torch.bfloat16
+        with no_autocast("cpu"):
+            assert autocast_dtype("cpu") is None and (x @ x.t()).dtype == torch.float32
+    with autocast("none"):
+        assert autocast_dtype("cpu") is None

@@ -70,6 +70,7 @@ def eval_cmd(
     samples: int = typer.Option(1, "--samples", help="answers per task: 1 is greedy; k > 1 samples for pass@k"),
     temperature: float = typer.Option(0.8, "--temperature", help="sampling temperature when --samples > 1"),
     dtype: str = typer.Option("auto", "--dtype", help="float32, bfloat16, or auto (bf16 where the CPU has it natively)"),
+    device: str = typer.Option("auto", "--device", help="auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N"),
     subfamilies: Optional[str] = typer.Option(None, "--subfamilies", help="comma-separated sub-families to draw from (default all)"),
     context_length: Optional[int] = typer.Option(None, "--context-length",
                                                  help="the model's context in tokens (default its own): room for long multi-turn episodes"),
@@ -98,8 +99,8 @@ def eval_cmd(
         raise LonghaulError(f"--rope-scaling is not JSON ({e.msg}); pass e.g. '{{\"rope_type\": \"yarn\", \"factor\": 4}}'") from None
     cfg = validate_config({"model": {"name": model, "context_length": context_length, "rope_scaling": scaling},
                            "task": {"family": suite, "difficulty": difficulty, "require_envcheck": False, "subfamilies": subs},
-                           "train": {"steps": 0}, "eval": {"n_tasks": n, "max_new_tokens": max_new_tokens, "max_turns": max_turns},
-                           "rollout": {"dtype": dtype, "sampler": engine}, "log": {"progress": not json_out}})
+                           "train": {"steps": 0, "device": device}, "eval": {"n_tasks": n, "max_new_tokens": max_new_tokens, "max_turns": max_turns},
+                           "rollout": {"dtype": dtype, "sampler": engine, "device": device}, "log": {"progress": not json_out}})
     prep = prepare(cfg, training=False)
     make = lambda: make_sampler(cfg, prep.policy, prep.tok)  # the paged engine, as training's evaluations
     with tempfile.TemporaryDirectory() as tmp:
@@ -261,6 +262,7 @@ def generate_cmd(
     seed: Optional[int] = typer.Option(None, "--seed"),
     chat: bool = typer.Option(True, "--chat/--raw", help="wrap each prompt in the model's chat template, if it has one"),
     dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16"),
+    device: str = typer.Option("auto", "--device", help="auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N"),
     json_out: bool = typer.Option(False, "--json", help="one JSON object a line per output"),
     speculative_config: Optional[str] = typer.Option(None, "--speculative-config",
                                                      help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\''),
@@ -298,7 +300,7 @@ def generate_cmd(
             raise LonghaulError(f"--speculative-config: {'.'.join(map(str, err['loc'])) or 'value'}: {err['msg']}") from None
     if quantization not in (None, "int8", "q8_0", "q4_0", "q4_1", "gguf"):
         raise LonghaulError(f"--quantization must be int8, q8_0, q4_0, q4_1 or gguf, got {quantization!r}")
-    engine = LLMEngine(model=model, dtype=dtype, speculative_config=spec, quantization=quantization)
+    engine = LLMEngine(model=model, dtype=dtype, speculative_config=spec, quantization=quantization, device=device)
     tok = engine.tokenizer
     if chat and getattr(tok, "chat_template", None):
         ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False),
@@ -325,6 +327,7 @@ def bench_engine_cmd(
     max_tokens: int = typer.Option(128, "--max-tokens", help="new tokens per request, exactly"),
     dtype: str = typer.Option("auto", "--dtype", help="bfloat16, float32, both comma-separated, or auto (bf16 where native)"),
     repeats: int = typer.Option(2, "--repeats", help="runs of each measurement; the best counts"),
+    device: str = typer.Option("auto", "--device", help="auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N"),
     anchors: str = typer.Option(os.environ.get("ANCHORS", str(Path.home() / ".cache" / "longhaul-anchors")), "--anchors",
                                 help="anchor environments: a venv with vLLM's CPU build in <dir>/vllm and the model in <dir>/smollm2-135m-instruct"),
     anchor_script: str | None = typer.Option(None, "--anchor-script",
@@ -349,7 +352,7 @@ def bench_engine_cmd(
     log = lambda msg: print(f"bench engine: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     result = None
     for d in dtypes:
-        r = bench_engine(model, sizes, max_tokens, d, max(1, repeats), log)
+        r = bench_engine(model, sizes, max_tokens, d, max(1, repeats), log, device)
         if model == "smollm2-135m-instruct" and max_tokens == 128:  # what the anchor script measures
             add_anchor(r, vllm_anchor(d, Path(anchors), Path(anchor_script) if anchor_script else None, log))
         if result is None:
@@ -378,7 +381,7 @@ def serve_cmd(
     jobs_db: Optional[str] = typer.Option(None, "--jobs-db", help="SQLite file of the jobs (default $LONGHAUL_HOME/serve/jobs.sqlite)"),
     job_workers: int = typer.Option(1, "--job-workers", help="agent episodes run at once"),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default all cores)"),
-    device: str = typer.Option("cpu", "--device", help="cpu, or cuda for a GPU"),
+    device: str = typer.Option("auto", "--device", help="auto (a CUDA GPU where torch sees one, else the CPU), cpu, cuda or cuda:N"),
     engine_process: bool = typer.Option(True, "--engine-process/--engine-thread",
                                         help="step the engine in its own process (default) or in a thread of the server"),
     speculative_config: Optional[str] = typer.Option(None, "--speculative-config",

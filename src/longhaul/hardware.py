@@ -1,4 +1,5 @@
-"""What the machine computes fast: whether bf16 is native here, and the `auto` dtype choice.
+"""What the machine computes fast: whether bf16 is native here, the `auto` dtype choice, and the
+`auto` device (a CUDA GPU where torch sees one, else the CPU).
 
 bf16 pays only where the hardware has bf16 arithmetic (AVX512-BF16 or AMX on x86 CPUs, any
 recent GPU). Elsewhere torch emulates it, and a bf16 matmul on an AVX2-only CPU runs at a
@@ -18,6 +19,7 @@ from functools import lru_cache
 
 import torch
 
+from longhaul.errors import LonghaulError
 from longhaul.ops import kernels
 from longhaul.ops.linear import amx
 
@@ -63,3 +65,35 @@ def resolve_autocast(value: str) -> str:
     """'auto' -> 'bfloat16' (autocast with fp32 master weights) where bf16 is the faster choice,
     else 'none'."""
     return ("bfloat16" if prefer_bf16() else "none") if value == "auto" else value
+
+
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+
+
+def check_device_name(value: str) -> str:
+    """`value` if it names a device longhaul can run on (DEVICE_NAMES), else a ValueError."""
+    kind, _, index = value.partition(":")
+    if value in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
+        return value
+    raise ValueError(f"device {value!r} is not one of {DEVICE_NAMES}")
+
+
+def resolve_device(value: str) -> str:
+    """'auto' -> 'cuda' where torch sees a CUDA GPU, else 'cpu'; a CUDA device asked for on a
+    machine without one (or past the last GPU) is a LonghaulError naming what torch sees."""
+    try:
+        check_device_name(value)
+    except ValueError as e:
+        raise LonghaulError(f"{e}; pick one of those") from None
+    if value == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if value == "cpu":
+        return value
+    if not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU or driver is visible"
+        raise LonghaulError(f"device {value} asked for, but {why} (torch {torch.__version__}); use device cpu, or auto")
+    index = int(value.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise LonghaulError(f"device {value} asked for, but torch sees {torch.cuda.device_count()} CUDA GPU(s); "
+                            f"use cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
+    return value

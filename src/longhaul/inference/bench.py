@@ -48,8 +48,8 @@ def fib_prompts(tok, n: int = 64) -> list[list[int]]:
 def _hf_generate(model, tok, prompts: list[list[int]], max_tokens: int, seed: int) -> int:
     width = max(len(p) for p in prompts)
     pad = tok.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     torch.manual_seed(seed)
     out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                          max_new_tokens=max_tokens, min_new_tokens=max_tokens, pad_token_id=pad)
@@ -73,14 +73,14 @@ def _timed(fn: Callable[[], int], repeats: int, before: Callable[[], None] = lam
 
 
 def bench_engine(model: str = "smollm2-135m-instruct", batch_sizes: tuple[int, ...] = (1, 8, 32), max_tokens: int = 128,
-                 dtype: str = "bfloat16", repeats: int = 2, log: Callable[[str], None] = lambda s: None) -> dict:
-    """Tokens/s of the engine and of HF generate at each batch size; returns the result dict."""
+                 dtype: str = "bfloat16", repeats: int = 2, log: Callable[[str], None] = lambda s: None, device: str = "auto") -> dict:
+    """Tokens/s of the engine and of HF generate at each batch size, both on `device`; returns the result dict."""
     hf, tok = load_policy(model)
     hf.eval()
     prompts = fib_prompts(tok, max(64, max(batch_sizes)))
-    engine = LLMEngine(hf, dtype=dtype, tokenizer=tok)  # copies the weights out before the cast below
-    hf = hf.to(engine.config.torch_dtype)
-    log(f"warm-up ({model}, {dtype}, {torch.get_num_threads()} threads)")
+    engine = LLMEngine(hf, dtype=dtype, tokenizer=tok, device=device)  # copies the weights out before the cast below
+    hf = hf.to(engine.config.torch_dtype).to(engine.config.device)
+    log(f"warm-up ({model}, {dtype}, {engine.config.device}, {torch.get_num_threads()} threads)")
     _engine_generate(engine, prompts[:2], 8, 0)
     _hf_generate(hf, tok, prompts[:2], 8, 0)
     rows = []
@@ -97,7 +97,8 @@ def bench_engine(model: str = "smollm2-135m-instruct", batch_sizes: tuple[int, .
     return {"model": model, "max_tokens": max_tokens, "temperature": 1.0, "prompts": "fibonacci x64, chat template", "repeats": repeats,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "machine": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-                        "processor": platform.processor() or platform.machine()},
+                        "processor": platform.processor() or platform.machine(), "device": engine.config.device,
+                        **({"gpu": torch.cuda.get_device_name()} if engine.config.device.startswith("cuda") else {})},
             "engine_config": config, "rows": rows}
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from longhaul.hardware import resolve_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -20,7 +22,7 @@ class EngineConfig(BaseModel):
 
     model: str = "smollm2-135m-instruct"  # built-in name, HF directory or .gguf (a label when a model object is passed)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # fp32 matches HF exactly; bf16 is ~2x faster on AMX CPUs
-    device: str = "cpu"
+    device: str = Field("auto", validate_default=True)  # auto: a CUDA GPU where torch sees one, else the CPU; cpu, cuda, cuda:N
     block_size: int = Field(16, ge=1)  # tokens a KV block; vLLM's default, small enough that prefix hits are fine-grained
     num_kv_blocks: int | None = Field(None, ge=1)  # None: sized from kv_cache_memory_gb
     kv_cache_memory_gb: float = Field(1.0, gt=0)  # the pool is zero-filled at start, so this much memory is committed
@@ -41,6 +43,11 @@ class EngineConfig(BaseModel):
     kv_cache_dtype: Literal["auto", "int8", "int4"] = "auto"  # auto: the model dtype; int8/int4 codes via kv_quant.py
     adaptive_threads: bool = True  # as many threads as other processes leave CPUs free (threads.py): a shared machine
     seed: int = 0  # seeds requests that bring none (request i gets a seed derived from this and i)
+
+    @field_validator("device")
+    @classmethod
+    def _resolve_device(cls, v: str) -> str:
+        return resolve_device(v)  # a LonghaulError (one line) where the device is not here
 
     @property
     def torch_dtype(self) -> torch.dtype:

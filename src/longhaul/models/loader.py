@@ -155,9 +155,9 @@ def scale_rope(model, scaling: dict) -> None:
     inner.rotary_emb = type(inner.rotary_emb)(config=cfg)
 
 
-def load_policy(name: str, rope_scaling: dict | None = None):
-    """Return (model in fp32, eval mode off, tokenizer with a pad token and left padding), with
-    `rope_scaling` applied (`scale_rope`) when given."""
+def load_policy(name: str, rope_scaling: dict | None = None, device: str = "cpu"):
+    """Return (model in fp32 on `device`, eval mode off, tokenizer with a pad token and left
+    padding), with `rope_scaling` applied (`scale_rope`) when given."""
     if name in BUILTINS:
         model, tok = BUILTINS[name]()
     else:
@@ -179,7 +179,7 @@ def load_policy(name: str, rope_scaling: dict | None = None):
     model.generation_config.pad_token_id = tok.pad_token_id
     if rope_scaling is not None:
         scale_rope(model, rope_scaling)
-    return model, tok
+    return model.to(device), tok
 
 
 def prepare_builtin(name: str, log: Callable[[str], None] = print) -> Path:

@@ -20,13 +20,18 @@ _STEP = re.compile(r"^step_(\d+)$")
 
 
 def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # GPU sampling and dropout draw from these
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_checkpoint(ckpt_dir: Path, step: int, model, tokenizer, trainer_state: dict, keep_last: int, extra=None) -> Path:
@@ -51,7 +56,8 @@ def list_checkpoints(ckpt_dir: Path) -> list[Path]:
 
 
 def load_trainer_state(path: Path) -> dict:
-    return torch.load(path / "trainer_state.pt", weights_only=False)
+    # on the CPU first: the optimizer's load moves its state to wherever the parameters are now
+    return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
 
 
 def load_weights(model, path: Path) -> None:

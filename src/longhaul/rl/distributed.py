@@ -63,13 +63,18 @@ class DataParallel(ABC):
         self.group = group  # None: the default process group
         self.module: nn.Module | None = None
 
+    def _scalars(self, values: list[float]) -> torch.Tensor:
+        """`values` where the group reduces them: NCCL reduces only GPU tensors (this rank's GPU)."""
+        device = torch.cuda.current_device() if dist.get_backend(self.group) == "nccl" else "cpu"
+        return torch.tensor(values, dtype=torch.float64, device=device)
+
     def sum(self, values: list[float]) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64)
+        t = self._scalars(values)
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         return t.tolist()
 
     def max(self, value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64)
+        t = self._scalars([value])
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return float(t.item())
 

@@ -113,7 +113,7 @@ class DPOTrainer(OptimizerState):
         logp, mask, _ = logprobs.packed_logprobs(self.model, batch, autocast=ac)
         total = self.context.sum_rows((logp * mask).sum(-1))  # the answer tokens held here, then the group's
         if self.mean:
-            total = total / torch.tensor([max(1, sum(m[1:])) for _, m in seqs], dtype=total.dtype)
+            total = total / torch.tensor([max(1, sum(m[1:])) for _, m in seqs], dtype=total.dtype, device=total.device)
         return total[:len(chunk)], total[len(chunk):]
 
     def _reference(self, items: list) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,18 +24,12 @@ from __future__ import annotations
 
 import torch
 
+from longhaul.ops.autocast import autocast_dtype
 from longhaul.ops.kernels import native
 
 CHUNK = 256  # rows a chunk: a (256, 49152) fp32 block is 48 MB, the size of a large L3
 KEEP_BYTES = 512 << 20  # a softmax (M, V) fp32 larger than this is recomputed in the backward, not kept
 BACKWARD_CHUNK = 1024  # rows a recomputed chunk: 200 MB of fp32 softmax at V = 49,152 (~400 MB with bf16 copies)
-
-
-def _mm_dtype() -> torch.dtype | None:
-    """The dtype autocast would run a CPU matmul in now (None: no autocast)."""
-    if torch.is_autocast_enabled("cpu"):
-        return torch.get_autocast_dtype("cpu")
-    return None
 
 
 def _logits(h: torch.Tensor, w, dt: torch.dtype | None) -> torch.Tensor:
@@ -76,7 +70,7 @@ def _native():
 def _forward(hidden, weight, targets, temperature: float, with_entropy: bool, keep_p: bool, head=None, logits=None,
              scratch: bool = False):
     """-> logp (M,), entropy (M,) or None, the softmax (M, V) if keep_p, the matmul dtype."""
-    dt = _mm_dtype()
+    dt = autocast_dtype(hidden.device)  # the dtype autocast would run the head's matmul in (None: off)
     w = head if head is not None else weight.detach().to(dt) if dt is not None else weight.detach()  # cast once, not per chunk
     m, v = hidden.shape[0], weight.shape[0]
     logp = hidden.new_empty(m, dtype=torch.float32)

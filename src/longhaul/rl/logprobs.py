@@ -11,11 +11,10 @@ rounding-sensitive accumulation tests) are unchanged.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from longhaul.models.compat import cache_kwarg
+from longhaul.ops.autocast import autocast as autocast_ctx  # noqa: F401  (the trainers' import)
 from longhaul.models.lora import unwrap
 from longhaul.rl import packed_forward
 from longhaul.rl.fused_head import head_logprobs
@@ -47,12 +46,6 @@ def pack(pairs: list[tuple[list[int], list[int]]], pad_id: int):
         targets[b, : len(c)] = torch.tensor(c)
         mask[b, : len(c)] = 1
     return ids, attn, index, targets, mask
-
-
-def autocast_ctx(dtype: str):
-    if dtype == "bfloat16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def _token_logprobs(logits, targets, mask, temperature: float, with_entropy: bool, entropy_grad: bool = False):

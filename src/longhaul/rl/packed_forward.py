@@ -52,6 +52,7 @@ from torch.utils.checkpoint import checkpoint
 
 from longhaul.malloc import within_step
 from longhaul.models.lora import unwrap
+from longhaul.ops.autocast import autocast_dtype
 from longhaul.ops.linear import pack
 from longhaul.ops.rope import rotate_half
 from longhaul.rl.packed_native import NativeSwiGLU, kernels_for, native_attention, rms_norm
@@ -232,7 +233,7 @@ def fast_linear(module):
     stale unseen. Anything else (trainable, LoRA layers, bf16 autocast): the module itself."""
     w = getattr(module, "weight", None)
     if (type(module) is not torch.nn.Linear or w.dtype != torch.float32 or w.requires_grad or torch.is_grad_enabled()
-            or torch.is_autocast_enabled("cpu")):
+            or autocast_dtype(w.device) is not None):
         return module
     key = (w._version, w.data_ptr())
     hit = _PACKED.get(module)

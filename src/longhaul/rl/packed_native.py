@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from longhaul.ops.autocast import autocast_dtype
 from longhaul.ops.kernels import native
 from longhaul.rl.tiled_attention import packed_sdpa
 
@@ -126,7 +127,7 @@ class _NativeRMSNorm(torch.autograd.Function):
 
 def kernels_for(x: torch.Tensor):
     """The native kernels when they can run on x (fp32 on CPU, no autocast), else None."""
-    return native() if x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu") else None
+    return native() if x.dtype == torch.float32 and x.device.type == "cpu" and autocast_dtype() is None else None
 
 
 def rms_norm(x: torch.Tensor, norm, kernels=None) -> torch.Tensor:

@@ -94,7 +94,7 @@ class ValueModel(nn.Module):
         else:
             backbone = copy.deepcopy(policy.base_model)
         self.backbone = backbone.float().requires_grad_(True)
-        self.head = nn.Linear(backbone.config.hidden_size, 1)
+        self.head = nn.Linear(backbone.config.hidden_size, 1, device=next(backbone.parameters()).device)
         nn.init.zeros_(self.head.weight)  # V = 0 at the start: no made-up baseline
         nn.init.zeros_(self.head.bias)
 

@@ -25,14 +25,14 @@ class RewardModel(nn.Module):
         super().__init__()
 
         self.backbone = unwrap(lm).base_model  # with LoRA, the backbone's layers carry the adapters
-        self.head = nn.Linear(lm.config.hidden_size, 1)
+        self.head = nn.Linear(lm.config.hidden_size, 1, device=next(lm.parameters()).device)
         nn.init.zeros_(self.head.bias)
         nn.init.normal_(self.head.weight, std=1.0 / lm.config.hidden_size ** 0.5)
         self.pad_id = pad_id
 
     def forward(self, seqs: list[list[int]], autocast: str = "none") -> torch.Tensor:
         """Token-id sequences -> rewards (B,)."""
-        ids, attn = right_pad(seqs, self.pad_id)
+        ids, attn = (t.to(self.head.weight.device) for t in right_pad(seqs, self.pad_id))
         with autocast_ctx(autocast):
             hidden = self.backbone(input_ids=ids, attention_mask=attn).last_hidden_state  # (B, L, H)
         last = hidden[torch.arange(len(seqs)), attn.sum(-1) - 1]  # (B, H)

@@ -33,12 +33,19 @@ from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
 Row = tuple[list[int], list[int]]  # token ids, loss mask (1 on assistant tokens)
 
 
+def _to_model(model, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`tensors` on the device that holds `model`'s weights."""
+    device = next(model.parameters()).device
+    return tuple(t.to(device) for t in tensors)
+
+
 def masked_logprobs(model, seqs: list[Row], pad_id: int, autocast: str = "none"):
     """Per-token log-probs (B, L-1) of ids[1:] given the prefix, and the loss mask (B, L-1)."""
     ids, attn = right_pad([x for x, _ in seqs], pad_id)
     mask = torch.zeros(ids.shape, dtype=torch.float32)
     for b, (_, m) in enumerate(seqs):
         mask[b, : len(m)] = torch.tensor(m, dtype=torch.float32)
+    ids, attn, mask = _to_model(model, ids, attn, mask)
     with autocast_ctx(autocast):
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
     logits = logits.float()
@@ -86,6 +93,7 @@ def packed_logprobs(model, bins: list[list[Row]], pad_id: int, autocast: str = "
     causal = torch.tril(torch.ones(L, L, dtype=torch.bool))
     attn = causal[None] & (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0)  # (B, L, L)
     attn |= torch.eye(L, dtype=torch.bool)[None]  # padding attends to itself: no empty softmax rows
+    ids, pos, attn, mask = _to_model(model, ids, pos, attn, mask)
     with autocast_ctx(autocast):
         logits = model(input_ids=ids, attention_mask=attn[:, None], position_ids=pos).logits[:, :-1]
     logits = logits.float()

@@ -34,6 +34,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from longhaul.ops.autocast import autocast_dtype, no_autocast
+
 TILE = 256  # queries a tile: G * 256 * 4,096 fp32 scores a K/V head, ~12 MB for SmolLM2 at 4k
 DENSE_ELEMENTS = 1 << 27  # a dense mask above this many elements (512 MB fp32; SDPA reads it every layer) is tiled
 
@@ -57,7 +59,7 @@ def packed_sdpa(qp, kp, vp, q_len: torch.Tensor, kv_len: torch.Tensor, g: int, m
 
 def _attention_dtype(q: torch.Tensor, v: torch.Tensor) -> torch.dtype:
     """Under autocast its dtype (RoPE hands over fp32 q, k beside a bf16 v), else the inputs'."""
-    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else torch.promote_types(q.dtype, v.dtype)
+    return autocast_dtype(q.device) or torch.promote_types(q.dtype, v.dtype)
 
 
 def causal_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: int) -> torch.Tensor:
@@ -67,7 +69,7 @@ def causal_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: int) -> to
     R, hkv, gtq, d = q.shape
     dt = _attention_dtype(q, v)
     q, k, v = (t.to(dt) for t in (q, k, v))
-    with torch.autocast("cpu", enabled=False):  # its inputs already in the dtype it attends in
+    with no_autocast(q.device):  # its inputs already in the dtype it attends in
         out = F.scaled_dot_product_attention(q.reshape(R, hkv * g, gtq // g, d), k.repeat_interleave(g, 1),
                                              v.repeat_interleave(g, 1), is_causal=True)
     return out.view(R, hkv, gtq, d)
@@ -152,6 +154,6 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_len: to
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     dt = _attention_dtype(q, v)
     q, k, v = (t.to(dt) for t in (q, k, v))
-    with torch.autocast("cpu", enabled=False):
+    with no_autocast(q.device):
         out = _TiledAttention.apply(q.reshape(R, hkv, g, gtq // g, d), k, v, q_len.to(q.device), kv_len.to(q.device), scale)
     return out.view(R, hkv, gtq, d)

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from longhaul.config import RunConfig
 from longhaul.errors import LonghaulError
+from longhaul.hardware import resolve_device
 from longhaul.malloc import keep_freed_memory
 from longhaul.models import load_policy
 from longhaul.models.lora import apply_lora
@@ -49,6 +50,9 @@ def check(cfg: RunConfig, splits: bool, policy=None) -> None:
     n = cfg.train.context_parallel
     if n == 1:
         return
+    if resolve_device(cfg.train.device) != "cpu":
+        raise LonghaulError(f"train.context_parallel={n} runs its ranks on CPUs (gloo); on a GPU set train.device=cpu, or "
+                            f"train.context_parallel=1")
     if not splits:
         raise LonghaulError(f"train.context_parallel={n} splits packed SFT rows, DPO answers and GRPO's (prompt, completion) rows; "
                             f"algo.name={cfg.algo.name} does not take it; set train.context_parallel=1")

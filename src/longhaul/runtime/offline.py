@@ -21,6 +21,7 @@ import transformers
 from longhaul.config import RunConfig, dump_config
 from longhaul.errors import LonghaulError
 from longhaul.eval.report import write_report
+from longhaul.hardware import resolve_device
 from longhaul.inference.threads import SectionThreads
 from longhaul.malloc import between_steps
 from longhaul.models import load_frozen, load_policy
@@ -178,7 +179,7 @@ def run_offline(cfg: RunConfig, resume: bool = False) -> dict:
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(cfg.seed)
     spec = builder(cfg.algo.name, "offline")
-    policy, tok = load_policy(cfg.model.name, cfg.model.rope_scaling)
+    policy, tok = load_policy(cfg.model.name, cfg.model.rope_scaling, resolve_device(cfg.train.device))
     check_context_parallel(cfg, spec.context_parallel, policy)
     items = encode_dataset(cfg, tok, spec)
     train_items, heldout = split_heldout(items, cfg.data.heldout_fraction if cfg.eval.before_after else 0.0, cfg.seed)

@@ -25,6 +25,7 @@ import torch
 
 from longhaul.agent.rollout import rollout_groups
 from longhaul.errors import LonghaulError
+from longhaul.hardware import resolve_device
 from longhaul.inference import LLMEngine, RolloutParams, make_engine
 from longhaul.inference.rollout_sampler import merged_state_dict
 from longhaul.inference.vllm_engine import VLLMEngine
@@ -69,12 +70,12 @@ class RolloutResult:
 
 def make_sampler(cfg, policy, tok):
     """What rollouts sample from: the paged engine holding a copy of the policy's weights in
-    rollout.dtype (the default), or for rollout.sampler=hf the HF model (a bf16 copy, or the
+    rollout.dtype on rollout.device (the default), or for rollout.sampler=hf the HF model (a bf16 copy, or the
     policy itself in fp32)."""
     if cfg.rollout.sampler == "engine":
         q = cfg.rollout.quantization
         return make_engine(policy, tok, cfg.rollout.dtype, max_model_len=cfg.model.context_length,
-                           quantization=None if q == "none" else q)
+                           quantization=None if q == "none" else q, device=resolve_device(cfg.rollout.device))
     if cfg.rollout.sampler == "vllm":
         if cfg.rollout.quantization != "none":
             raise LonghaulError("rollout.quantization is the built-in engine's; with rollout.sampler vllm leave it none")

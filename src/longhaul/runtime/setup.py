@@ -21,6 +21,7 @@ from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.errors import LonghaulError
 from longhaul.eval.envcheck import require_checked
 from longhaul.eval.passrate import EvalResult, evaluate
+from longhaul.hardware import resolve_device
 from longhaul.models import load_policy
 from longhaul.rl.checkpoint import list_checkpoints
 from longhaul.runtime.context_trainers import check as check_context_parallel
@@ -68,7 +69,8 @@ def prepare(cfg: RunConfig, training: bool = True) -> Prepared:
         except ValueError as e:
             raise LonghaulError(f"task config: {e}") from e
         parts = [Part(None, family, train_tasks, heldout, cfg.rollout.max_new_tokens)]
-    policy, tok = load_policy(cfg.model.name, cfg.model.rope_scaling)
+    resolve_device(cfg.rollout.device)  # a device that is not here is refused now, before the run directory exists
+    policy, tok = load_policy(cfg.model.name, cfg.model.rope_scaling, resolve_device(cfg.train.device))
     context = cfg.model.context_length or policy.config.max_position_embeddings
     scaling = cfg.model.rope_scaling
     if scaling is not None and scaling["rope_type"] != "dynamic" and context > policy.config.max_position_embeddings:

@@ -52,6 +52,7 @@ from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.errors import LonghaulError
 from longhaul.eval.stats import mcnemar_exact, wilson
 from longhaul.eval.team_report import write_team_report
+from longhaul.hardware import resolve_device
 from longhaul.inference import context_length
 from longhaul.models import load_policy
 from longhaul.models.lora import apply_lora, copy_adapter, is_adapter_dir, load_lora
@@ -365,15 +366,16 @@ def _rl_stage(cfg: TeamTrainConfig, start: dict[str, str]) -> None:
     torch.manual_seed(cfg.seed)
     models, tok, base = {}, None, None
     adapters = cfg.policies == "adapters"
+    device = resolve_device(t.device)
     if adapters:  # one base model; each role's adapter (from SFT, or new) wraps a copy that shares its weights
-        base, tok = load_policy(cfg.model.name, cfg.model.rope_scaling)
+        base, tok = load_policy(cfg.model.name, cfg.model.rope_scaling, device)
     for key, path in start.items():
         if adapters:
             twin = _sharing(base)
             models[key] = load_lora(twin, Path(path)) if is_adapter_dir(path) else \
                 apply_lora(twin, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
             continue
-        model, tok = load_policy(path, cfg.model.rope_scaling)
+        model, tok = load_policy(path, cfg.model.rope_scaling, device)
         models[key] = apply_lora(model, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, path) if t.lora_r else model
     trainers = {key: GRPOTrainer(m, tok.pad_token_id, run_cfg.algo, t, r.temperature, r.max_new_tokens) for key, m in models.items()}
     samplers, policies = _policies(tt, models, tok, run_cfg, cfg.seed, base=base)

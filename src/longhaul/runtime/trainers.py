@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from longhaul.config import RunConfig
 from longhaul.errors import LonghaulError
+from longhaul.hardware import resolve_device
 from longhaul.malloc import keep_freed_memory
 from longhaul.models import load_policy
 from longhaul.models.lora import apply_lora
@@ -34,18 +35,25 @@ from longhaul.rl.grpo import GRPOTrainer
 from longhaul.runtime.notice import leave_to_the_parent
 
 
-def _backend() -> str:
-    return "nccl" if torch.cuda.is_available() else "gloo"
+def join_group(rank: int, world: int, init: str, device: str = "cpu") -> None:
+    """Join the run's trainer process group as `rank` of `world` (rendezvous at the `init` URL):
+    gloo where the ranks train on CPUs, NCCL on GPUs, where rank r first takes GPU r (modulo the
+    GPUs there are)."""
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
 
 
-def join_group(rank: int, world: int, init: str) -> None:
-    """Join the run's trainer process group as `rank` of `world` (rendezvous at the `init` URL)."""
-    dist.init_process_group(_backend(), init_method=init, rank=rank, world_size=world)
+def rank_device(cfg, rank: int) -> str:
+    """Where rank `rank` trains: train.device, each rank on its own GPU when that is CUDA."""
+    device = resolve_device(cfg.train.device)
+    return f"cuda:{rank % torch.cuda.device_count()}" if device == "cuda" else device
 
 
-def _build(cfg, dp, ckpt: str | None):
+def _build(cfg, dp, ckpt: str | None, rank: int):
 
-    policy, tok = load_policy(cfg.model.name, cfg.model.rope_scaling)
+    policy, tok = load_policy(cfg.model.name, cfg.model.rope_scaling, rank_device(cfg, rank))
     t = cfg.train
     if t.lora_r:
         policy = apply_lora(policy, t.lora_r, t.lora_alpha, t.lora_dropout, t.lora_targets, cfg.model.name)
@@ -72,9 +80,9 @@ def _follower(rank: int, world: int, init: str, cfg_json: str, ckpt: str | None,
         torch.set_num_threads(threads)
     cfg = RunConfig.model_validate_json(cfg_json)
     torch.manual_seed(cfg.seed)
-    join_group(rank, world, init)
+    join_group(rank, world, init, rank_device(cfg, rank))
     try:
-        trainer = _build(cfg, _strategy(cfg), ckpt)
+        trainer = _build(cfg, _strategy(cfg), ckpt, rank)
         while True:
             box = [None]
             dist.scatter_object_list(box, None, src=0)
@@ -93,8 +101,8 @@ class Followers:
     process as rank 0: `start` spawns them and joins the group, `check_alive` refuses to talk to a
     group that lost one, `stop` sends the farewell they wait for, leaves the group and reaps them."""
 
-    def __init__(self, world: int, name: str):
-        self.world, self.name, self.procs = world, name, []
+    def __init__(self, world: int, name: str, device: str = "cpu"):
+        self.world, self.name, self.procs, self.device = world, name, [], device
         self._dir = tempfile.mkdtemp(prefix="longhaul-group-")
         self.init = f"file://{os.path.join(self._dir, 'rendezvous')}"
 
@@ -107,7 +115,7 @@ class Followers:
                       for r in range(1, self.world)]
         for p in self.procs:
             p.start()
-        join_group(0, self.world, self.init)
+        join_group(0, self.world, self.init, self.device)
 
     def check_alive(self) -> None:
         if any(not p.is_alive() for p in self.procs):
@@ -136,7 +144,7 @@ class ShardedTrainer:
     def __init__(self, cfg, policy, tok, ckpt: Path | None = None):
         self.world = cfg.runtime.trainers
         threads = cfg.threads or max(1, torch.get_num_threads() // self.world)
-        self.followers = Followers(self.world, "data-parallel trainer")
+        self.followers = Followers(self.world, "data-parallel trainer", rank_device(cfg, 0))
         self.followers.start(_follower, cfg.model_dump_json(), str(ckpt) if ckpt else None, threads)
         self.inner = GRPOTrainer(policy, tok.pad_token_id, cfg.algo, cfg.train, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
                                  dp=_strategy(cfg))

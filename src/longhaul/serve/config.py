@@ -21,7 +21,7 @@ class ServeConfig(BaseModel):
     model: str = "tiny-llama"  # built-in name, HF directory, .gguf, or an fsspec URL of a safetensors directory with a manifest
     served_model_name: str | None = None  # the id clients send as `model`; default the model's base name
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 where the hardware has it (AMX, AVX512-BF16, GPUs), else fp32
-    device: str = "cpu"  # the engine's device ("cuda" for a GPU: its runner is plain PyTorch, untested on GPUs here)
+    device: str = "auto"  # the engine's: auto is a CUDA GPU where torch sees one (plain PyTorch there), else the CPU
     host: str = "127.0.0.1"  # loopback unless told otherwise: exposing a server is a decision
     port: int = Field(8000, ge=0, le=65535)  # 0 picks a free port (tests)
     max_model_len: int | None = Field(None, ge=16)  # None: the model's max_position_embeddings
