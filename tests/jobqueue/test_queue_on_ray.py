@@ -30,6 +30,11 @@ SFT = ["examples/tiny_sft.yaml", f"data.path={ROOT / 'examples/data/tiny_chat.js
 def cluster(tmp_path_factory):
     from ray.cluster_utils import Cluster
 
+    # Under token authentication a driver started inside a worker of a `cluster_utils` cluster (a queued
+    # run's `longhaul train` that starts Ray actors) has its actors cancelled ("Missing authorization
+    # header" on the callbacks to it); under `ray start --head` it works. The test cluster runs without tokens.
+    auth = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     try:
         nodes = {"a": c.add_node(num_cpus=1, memory=3 * GB, resources={"rack:r1": 1}),
@@ -41,6 +46,10 @@ def cluster(tmp_path_factory):
     finally:
         ray.shutdown()
         c.shutdown()
+        if auth is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = auth
         Path("/tmp/ray/ray_current_cluster").unlink(missing_ok=True)  # else a later ray.init() would join the dead cluster
 
 
@@ -74,8 +83,9 @@ class Watch:
             for r in runs:
                 if r["state"] not in ("starting", "running"):
                     continue
-                h = held.setdefault(r["node"], [0.0, 0])
-                h[0], h[1] = h[0] + r["cpus"], h[1] + r["gpus"]
+                for u, node in zip(r["units"] or [r], r["nodes"] or [r["node"]]):  # each unit on its node
+                    h = held.setdefault(node, [0.0, 0])
+                    h[0], h[1] = h[0] + u["cpus"], h[1] + u["gpus"]
                 if r["state"] == "running":
                     try:
                         actor = ray.get_actor(f"longhaul-run-{r['id']}", namespace="longhaul")
@@ -134,7 +144,10 @@ def test_runs_start_where_the_placer_says_and_no_node_is_oversubscribed(cluster)
         ids = [cli("submit", *SFT, "train.steps=40", "--domain", d, "--priority", p, *extra).split()[1]
                for d, p, extra in (("x", "0", []), ("y", "0", []), ("x", "1", ["--gpus", "1"]))]
         r = run_main("submit", *SFT, "--gpus", "4", cwd=ROOT)
-        assert r.returncode == 2 and "no node of the cluster has 1 CPUs, 0 GB and 4 GPUs" in r.stderr
+        assert r.returncode == 2 and "no node of the cluster has 1 CPUs, 0 GB and 4 GPUs for the run's driver" in r.stderr
+        r = run_main("submit", "examples/tiny_grpo.yaml", "runtime.mode=async", "runtime.backend=ray", "runtime.worker_cpus=4",
+                     cwd=ROOT)  # the run's own rollout actor could fit nowhere
+        assert r.returncode == 2 and "has 4 CPUs, 0 GB and 0 GPUs for the run's rollout" in r.stderr, r.stderr
         port = wait_for(lambda s: any(x["state"] == "running" for x in s["runs"]), 120, "a start")["metrics_port"]
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         assert "longhaul_queue_run_info{" in metrics and "longhaul_queue_node_free_cpus{" in metrics
@@ -206,6 +219,32 @@ def test_preemption_resumes_exactly_restart_adopts_and_a_lost_node_requeues(clus
         got = final_weights(q / "runs" / i, steps)
         assert all(torch_equal(got[k], expected[k]) for k in expected), f"run {i} ended on other weights"
     assert watch.placed and all(ours == rays for ours, rays in watch.placed.values()) and not watch.over and not watch.missing
+
+
+@pytest.mark.slow
+def test_a_ray_backed_runs_rollout_actor_starts_in_its_bundle_on_the_placers_node(cluster):
+    """A run whose config runs rollouts on Ray is two units (its driver, one rollout actor of 1
+    CPU): the placer puts them on two nodes, and the rollout actor the run itself creates starts
+    in its bundle of the run's placement group, on the node the placer chose for it."""
+    from ray._private.state import actors  # the GCS's actor table (ray.util.state needs the dashboard, off here)
+
+    c, nodes, home = cluster
+    cli("queue", "start", "--home", str(home / "q3"), "--pass-every-s", "0.5")
+    watch = Watch(capacity(nodes))
+    try:
+        rid = cli("submit", "examples/tiny_grpo.yaml", "runtime.mode=async", "runtime.backend=ray", "runtime.workers=1",
+                  "runtime.worker_cpus=1", "log.report_to=[]", "eval.before_after=false", "--domain", "x").split()[1]
+        st = wait_for(lambda s: by_id(s)[rid]["state"] in ("done", "failed"), 300, "the Ray-backed run ending")
+    finally:
+        watch.close()
+        cli("queue", "stop")
+    run = by_id(st)[rid]
+    assert run["state"] == "done", run["reason"]
+    assert [u["kind"] for u in run["units"]] == ["driver", "rollout"]
+    assert len(set(run["nodes"])) == 2 and nodes["g"].node_id not in run["nodes"]  # 1 CPU a node; CPU units keep off the GPU node
+    rollouts = [a for a in actors().values() if a["ActorClassName"] == "_RolloutActor"]
+    assert rollouts and {a["Address"]["NodeID"] for a in rollouts} == {run["nodes"][1]}
+    assert not watch.over and not watch.missing
 
 
 def torch_equal(a, b) -> bool:

@@ -153,13 +153,14 @@ def submit(config: str = typer.Argument(..., help="the run's YAML (as for `longh
            gpus: int = typer.Option(0, "--gpus"), address: str = ADDRESS):
     """Queue a training run (`longhaul train CONFIG`) for the cluster's queue service."""
     from longhaul.config import load_config
+    from longhaul.jobqueue.units import run_units
 
-    load_config(config, overrides or [])  # refuse a bad config here, not on a node later
+    cfg = load_config(config, overrides or [])  # refuse a bad config here, not on a node later
     if cpus <= 0 or mem_gb < 0 or gpus < 0:
         raise LonghaulError("--cpus must be > 0, --mem-gb and --gpus >= 0")
     if not domain.replace("-", "").replace("_", "").isalnum():
         raise LonghaulError(f"--domain {domain!r}: use letters, digits, - and _")
     rec = {"domain": domain, "priority": priority, "config": Path(config).read_text(), "overrides": list(overrides or []),
-           "workdir": os.getcwd(), "cpus": cpus, "mem_gb": mem_gb, "gpus": gpus}
+           "workdir": os.getcwd(), "cpus": cpus, "mem_gb": mem_gb, "gpus": gpus, "units": run_units(cfg, cpus, mem_gb, gpus)}
     out = call(service(address).submit, rec)
     print(f"submitted {out['id']} (domain {domain}, priority {priority})")

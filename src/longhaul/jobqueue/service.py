@@ -15,8 +15,10 @@ A pass (every `pass_every_s`):
    placement group pinned to the placer's node and its process inside it (`runner.py`).
 
 Every pass checks the placer's ledger (`Cluster.check`): no node is ever promised beyond what
-Ray reports it has. A run is one work unit (its `--cpus`, `--mem-gb`, `--gpus`), and its
-checkpoint is cached on the node it last ran on, which the placer prefers when it comes back.
+Ray reports it has. A run's units (`units.py`: its driver, with `--cpus`, `--mem-gb`, `--gpus`,
+and the trainer, rollout and sandbox actors of a Ray-backed run) are placed as one gang, each
+in its bundle on its node; its checkpoint is cached on the node its driver last ran on, which
+the placer prefers when it comes back. A run that loses any of its nodes is requeued.
 The placer's fair-share memory starts afresh when the service restarts or the nodes change;
 the runs do not.
 
@@ -34,27 +36,34 @@ from pathlib import Path
 from longhaul.errors import LonghaulError
 from longhaul.jobqueue.runner import ACTOR_PREFIX, NAMESPACE, STOPPED, RunProcess, last_error, run_argv
 from longhaul.jobqueue.store import FINAL, LIVE, RunRecord, RunStore
+from longhaul.jobqueue.units import placement_env
 from longhaul.placement.cluster import Cluster, Node, Resources
 from longhaul.placement.placement import Job, WorkUnit
 from longhaul.placement.placer import Placer, PlacerConfig
 from longhaul.placement.ray_mapping import actor_options, nodes_from_ray, release, reserve
 
 
+def units_of(rec: RunRecord) -> list[dict]:
+    return rec.units or [{"kind": "driver", "cpus": rec.cpus, "mem_gb": rec.mem_gb, "gpus": rec.gpus}]
+
+
 def job_of(rec: RunRecord) -> Job:
-    return Job(rec.id, rec.domain, (WorkUnit("run", Resources(rec.cpus, rec.mem_gb, rec.gpus)),), priority=rec.priority,
-               checkpoint=rec.id, submitted=rec.submitted)
+    units = tuple(WorkUnit(u["kind"], Resources(u["cpus"], u["mem_gb"], u["gpus"])) for u in units_of(rec))
+    return Job(rec.id, rec.domain, units, priority=rec.priority, checkpoint=rec.id, submitted=rec.submitted)
 
 
 def unplaceable(rec: RunRecord, nodes: list[Node]) -> str | None:
-    """Why no node of the cluster could ever hold the run, or None."""
+    """Why no node of the cluster could ever hold one of the run's units, or None."""
     if not nodes:
         return "the Ray cluster has no alive node"
-    fits = [n for n in nodes if rec.cpus <= n.capacity.cpus and rec.mem_gb <= n.capacity.mem_gb and rec.gpus <= n.capacity.gpus]
-    if fits:
-        return None
-    most = max(nodes, key=lambda n: (n.capacity.gpus, n.capacity.cpus, n.capacity.mem_gb)).capacity
-    return (f"no node of the cluster has {rec.cpus:g} CPUs, {rec.mem_gb:g} GB and {rec.gpus} GPUs (the one with the most GPUs "
-            f"has {most.cpus:g} CPUs, {most.mem_gb:.0f} GB, {most.gpus} GPUs); lower --cpus/--mem-gb/--gpus or add such a node")
+    for u in units_of(rec):
+        if any(u["cpus"] <= n.capacity.cpus and u["mem_gb"] <= n.capacity.mem_gb and u["gpus"] <= n.capacity.gpus for n in nodes):
+            continue
+        most = max(nodes, key=lambda n: (n.capacity.gpus, n.capacity.cpus, n.capacity.mem_gb)).capacity
+        what = "lower --cpus/--mem-gb/--gpus" if u["kind"] == "driver" else f"lower its runtime settings for the {u['kind']} actors"
+        return (f"no node of the cluster has {u['cpus']:g} CPUs, {u['mem_gb']:g} GB and {u['gpus']} GPUs for the run's {u['kind']} "
+                f"(the node with the most GPUs has {most.cpus:g} CPUs, {most.mem_gb:.0f} GB, {most.gpus} GPUs); {what} or add such a node")
+    return None
 
 
 class QueueService:
@@ -141,9 +150,10 @@ class QueueService:
             return
         alive = {n.name for n in nodes}
         for rec in self.store.all(LIVE):
-            if rec.node not in alive:
+            gone = [n for n in rec.nodes or [rec.node] if n not in alive]
+            if gone:
                 self.counts["nodes_lost"] += 1
-                self._requeue(rec.id, f"its node {rec.node[:12]} left the cluster", kill=True)
+                self._requeue(rec.id, f"its node {gone[0][:12]} left the cluster", kill=True)
         self._rebuild(nodes, now)
 
     def _rebuild(self, nodes: list[Node], now: float) -> None:
@@ -153,7 +163,7 @@ class QueueService:
         for rec in self.store.all(LIVE):
             job = job_of(rec)
             self.placer.submit(job, rec.submitted)
-            self.placer.books.start(job, [index[rec.node]], rec.started or now)
+            self.placer.books.start(job, [index[n] for n in rec.nodes or [rec.node]], rec.started or now)
         for rec in self.store.all(("queued",)):
             if rec.node in index:  # its checkpoint is cached where it last ran
                 self.placer.c.note_checkpoint(index[rec.node], rec.id)
@@ -246,8 +256,8 @@ class QueueService:
         import ray
 
         rec = self.store.get(run.job.id)
-        node = self.placer.c.nodes[run.nodes[0]].name
-        rec = self.store.move(rec.id, ("queued",), "starting", node=node, attempts=rec.attempts + 1, started=now)
+        nodes = [self.placer.c.nodes[i].name for i in run.nodes]
+        rec = self.store.move(rec.id, ("queued",), "starting", node=nodes[0], nodes=nodes, attempts=rec.attempts + 1, started=now)
         if rec is None:  # cancelled between the submit and this pass
             self.placer.release(run.job.id)
             return
@@ -261,7 +271,8 @@ class QueueService:
             proc = ray.remote(RunProcess).options(name=ACTOR_PREFIX + rec.id, namespace=NAMESPACE, lifetime="detached",
                                                   max_concurrency=4, **actor_options(pg, 0, run.job))
             self.actors[rec.id] = proc.remote(rec.id, run_argv(config, rec.overrides, root), rec.workdir,
-                                              str(root / f"attempt-{rec.attempts}.log"))
+                                              str(root / f"attempt-{rec.attempts}.log"),
+                                              placement_env(NAMESPACE, f"longhaul-{rec.id}", units_of(rec)))
             ray.get(self.actors[rec.id].info.remote(), timeout=120)
         except Exception as e:
             self._drop(rec.id)

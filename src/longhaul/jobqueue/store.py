@@ -35,8 +35,12 @@ class RunRecord:
     cpus: float = 1.0
     mem_gb: float = 0.0
     gpus: int = 0
+    # its work units in bundle order, each {kind, cpus, mem_gb, gpus} (`units.run_units`): the driver, then the
+    # actors a Ray-backed run starts; empty: the driver alone, with cpus, mem_gb and gpus above
+    units: list[dict] = field(default_factory=list)
     state: str = "queued"
-    node: str = ""  # the Ray node ID it runs (or last ran) on: its checkpoint is cached there
+    node: str = ""  # the Ray node ID its driver runs (or last ran) on: its checkpoint is cached there
+    nodes: list[str] = field(default_factory=list)  # each unit's node, as `units`
     attempts: int = 0  # times its process started
     preemptions: int = 0
     submitted: float = 0.0

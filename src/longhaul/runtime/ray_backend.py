@@ -31,6 +31,7 @@ import time
 from longhaul.config import RunConfig
 from longhaul.cpus import match_priority, own_priority
 from longhaul.errors import LonghaulError
+from longhaul.jobqueue.units import placed, placement_spec
 from longhaul.malloc import keep_freed_memory
 from longhaul.runtime import train
 from longhaul.runtime.notice import StopNotice, StopRequested
@@ -50,11 +51,16 @@ def _ray():
 
 
 def connect(address: str | None, log_to_driver: bool = False):
-    """The Ray module, initialised: joined to the cluster at `address` ("auto": the running one), or a local one."""
+    """The Ray module, initialised: joined to the cluster at `address` ("auto": the running one), or a local one.
+    A run the job queue started joins the queue's cluster and namespace (its placement group is there)."""
     ray = _ray()
     if not ray.is_initialized():
+        spec = placement_spec()
+        if spec is not None:
+            address = address or "auto"
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, ignore_reinit_error=True)
+            ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, ignore_reinit_error=True,
+                     namespace=spec["namespace"] if spec else None)
         except ConnectionError as e:
             raise LonghaulError(f"no Ray cluster at runtime.address={address!r}: start one with `ray start --head` "
                                 f"or leave runtime.address unset to start a local one") from e
@@ -102,7 +108,7 @@ def _attempts(ray, cls, threads: int, inner: str, resume: bool, notice, rt, on_s
 
     attempt = 0
     while True:
-        actor = cls.remote(threads, own_priority())
+        actor = cls.options(**placed("trainer", 0)).remote(threads, own_priority())
         if on_start is not None:
             on_start(actor)
         try:
@@ -219,7 +225,7 @@ class RayRollouts(WorkerPool):
 
     def _spawn(self, wid: int) -> None:
         pools = self.sandbox_pools
-        actor = self._cls.remote(self._cfg_json, wid, self.cfg.runtime.worker_threads, own_priority(),
+        actor = self._cls.options(**placed("rollout", wid)).remote(self._cfg_json, wid, self.cfg.runtime.worker_threads, own_priority(),
                                  pools[wid % len(pools)] if pools else None)
         self._actors[wid] = actor
         ref, v = self._weights

@@ -30,6 +30,7 @@ from longhaul.config import RunConfig
 from longhaul.cpus import match_priority, own_priority
 from longhaul.envs.workspace import WorkspaceEnv
 from longhaul.errors import LonghaulError
+from longhaul.jobqueue.units import placed
 from longhaul.runtime.families import build_family, domain_runs
 
 
@@ -179,4 +180,4 @@ def start_pools(ray, cfg) -> list:
         opts["memory"] = int(rt.sandbox_memory_gb * 2**30)
     cls = ray.remote(**opts)(SandboxPool)
     cfg_json = cfg.model_dump_json()
-    return [cls.remote(cfg_json, own_priority()) for _ in range(rt.sandbox_pools)]
+    return [cls.options(**placed("sandbox", k)).remote(cfg_json, own_priority()) for k in range(rt.sandbox_pools)]
