@@ -224,16 +224,30 @@ def test_preemption_resumes_exactly_restart_adopts_and_a_lost_node_requeues(clus
 @pytest.mark.slow
 def test_a_ray_backed_runs_rollout_actor_starts_in_its_bundle_on_the_placers_node(cluster):
     """A run whose config runs rollouts on Ray is two units (its driver, one rollout actor of 1
-    CPU): the placer puts them on two nodes, and the rollout actor the run itself creates starts
-    in its bundle of the run's placement group, on the node the placer chose for it."""
+    CPU): while another user's actor holds one of the two CPU nodes the queue sees it and waits;
+    then the placer puts the units on two nodes, and the rollout actor the run itself creates
+    starts in its bundle of the run's placement group, on the node the placer chose for it."""
     from ray._private.state import actors  # the GCS's actor table (ray.util.state needs the dashboard, off here)
+
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    class Busy:  # defined here, so Ray ships it by value (the test module is not importable on its workers)
+        def ready(self) -> bool:
+            return True
 
     c, nodes, home = cluster
     cli("queue", "start", "--home", str(home / "q3"), "--pass-every-s", "0.5")
     watch = Watch(capacity(nodes))
+    # another user's actor holds node a's CPU: the queue sees it and waits instead of trying there
+    other = ray.remote(num_cpus=1)(Busy).options(scheduling_strategy=NodeAffinitySchedulingStrategy(nodes["a"].node_id, soft=False)).remote()
+    ray.get(other.ready.remote(), timeout=60)
     try:
         rid = cli("submit", "examples/tiny_grpo.yaml", "runtime.mode=async", "runtime.backend=ray", "runtime.workers=1",
                   "runtime.worker_cpus=1", "log.report_to=[]", "eval.before_after=false", "--domain", "x").split()[1]
+        st = wait_for(lambda s: s["counts"]["passes"] >= 6, 60, "six passes")
+        assert by_id(st)[rid]["state"] == "queued" and by_id(st)[rid]["attempts"] == 0  # no start tried where Ray has no room
+        assert {n["node"]: n["other_cpus"] for n in st["nodes"]}[nodes["a"].node_id] == 1.0
+        ray.kill(other)
         st = wait_for(lambda s: by_id(s)[rid]["state"] in ("done", "failed"), 300, "the Ray-backed run ending")
     finally:
         watch.close()

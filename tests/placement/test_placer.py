@@ -452,3 +452,17 @@ def test_a_batch_whose_turn_it_is_starts_every_worker_that_fits_before_the_next_
     # a comes first (equal levels, then name); once its first worker starts, a is above b, but the batch keeps its turn,
     # as the gang would have started whole
     assert _started(p.schedule(0.0)) == ["batch#0", "batch#1"] and list(p.jobs) == ["other"]
+
+
+def test_work_held_outside_the_placer_is_planned_around_and_given_back():
+    p = _placer(nodes=2)
+    whole = p.c.nodes[0].capacity
+    p.hold_outside([(0, whole), (1, whole)])  # another user holds both nodes
+    p.submit(_job("a", 8), 0.0)
+    assert p.schedule(1.0) == []
+    p.hold_outside([(0, whole)])  # ... then gives node 1 back: the job that did not fit starts there
+    log = p.schedule(2.0)
+    assert _started(log) == ["a"] and log[0][1].nodes == [1]
+    p.hold_outside([(0, whole)])
+    p.c.check()
+    assert dict(p.c.holdings["(outside work)"]) == {0: whole.units()}

@@ -5,7 +5,8 @@ pre-empts them on the cluster.
 A pass (every `pass_every_s`):
 1. the alive nodes are read from Ray (`nodes_from_ray`); a node gone takes its runs back to
    the queue (their processes died with it), and the placer's cluster is rebuilt over the
-   nodes there are, with the runs still running on theirs;
+   nodes there are, with the runs still running on theirs; what Ray counts as in use on each
+   node beyond the queue's runs (`usage_from_ray`: the cluster's other users) is booked as held;
 2. each running run's process is polled: exit 0 is done, 143 (it saved on a notice) goes back
    to the queue, anything else failed (its last error line kept), a dead actor is requeued;
 3. runs asked to cancel are taken out (a running one stopped, as a pre-emption stops it);
@@ -39,8 +40,8 @@ from longhaul.jobqueue.store import FINAL, LIVE, RunRecord, RunStore
 from longhaul.jobqueue.units import placement_env
 from longhaul.placement.cluster import Cluster, Node, Resources
 from longhaul.placement.placement import Job, WorkUnit
-from longhaul.placement.placer import Placer, PlacerConfig
-from longhaul.placement.ray_mapping import actor_options, nodes_from_ray, release, reserve
+from longhaul.placement.placer import OUTSIDE, Placer, PlacerConfig
+from longhaul.placement.ray_mapping import actor_options, nodes_from_ray, release, reserve, usage_from_ray
 
 
 def units_of(rec: RunRecord) -> list[dict]:
@@ -82,6 +83,7 @@ class QueueService:
         self.error = ""  # the last pass's error, if it raised
         self.nodes: list[Node] = []
         self.placer: Placer | None = None
+        self.other: dict[str, Resources] = {}  # node -> what others hold there (`_note_other_work`)
         self._stop = threading.Event()
         with self.lock:
             self._adopt()
@@ -107,8 +109,9 @@ class QueueService:
         return self.store.update(run_id, cancel=True).view()
 
     def status(self) -> dict:
+        other = lambda n: self.other.get(n.name, Resources(0.0, 0.0, 0))  # noqa: E731
         nodes = [{"node": n.name, "rack": n.rack, "cpus": n.capacity.cpus, "mem_gb": round(n.capacity.mem_gb, 1),
-                  "gpus": n.capacity.gpus} for n in self.nodes]
+                  "gpus": n.capacity.gpus, "other_cpus": other(n).cpus, "other_gpus": other(n).gpus} for n in self.nodes]
         return {"runs": [r.view() for r in self.store.all()], "nodes": nodes, "counts": dict(self.counts), "error": self.error,
                 "metrics_port": self.metrics_port}
 
@@ -130,6 +133,7 @@ class QueueService:
     def tick(self) -> None:
         now = time.time()
         self._follow_nodes(now)
+        self._note_other_work()  # before any run of ours ends this pass: Ray and the ledger agree on ours
         self._poll(now)
         self._cancel(now)
         queued = {j.id for q in self.placer.queues.values() for j in q}
@@ -168,6 +172,24 @@ class QueueService:
             if rec.node in index:  # its checkpoint is cached where it last ran
                 self.placer.c.note_checkpoint(index[rec.node], rec.id)
             self.placer.submit(job_of(rec), rec.submitted)
+
+    def _note_other_work(self) -> None:
+        """Book what Ray says is in use on each node beyond the queue's own runs (actors, tasks and
+        placement groups of the cluster's other users) as held, so the placer plans around it."""
+        c = self.placer.c
+        booked = dict(c.holdings.get(OUTSIDE, []))  # node -> what the last pass booked for the others
+        used = usage_from_ray()
+        other = []
+        for i, n in enumerate(c.nodes):
+            if n.name not in used:
+                continue
+            was = booked.get(i, (0, 0, 0))
+            ours = [cap - free - w for cap, free, w in zip(c.cap[i], c.free[i], was)]  # what the queue's runs hold
+            extra = tuple(max(0, min(u - o, f + w)) for u, o, f, w in zip(used[n.name].units(), ours, c.free[i], was))
+            if any(extra):
+                other.append((i, Resources.of(extra)))
+        self.placer.hold_outside(other)
+        self.other = {c.nodes[i].name: r for i, r in other}
 
     def _poll(self, now: float) -> None:
         import ray
@@ -328,6 +350,9 @@ def metrics_text(svc: QueueService) -> str:
         lines.append("# TYPE longhaul_queue_node_free_cpus gauge")
         lines += [f'longhaul_queue_node_free_cpus{{node="{n.name[:12]}",rack="{n.rack}"}} {c.free[i][0] / 1000:g}'
                   for i, n in enumerate(c.nodes)]
+        lines.append("# TYPE longhaul_queue_node_other_cpus gauge")  # held by the cluster's other users
+        lines += [f'longhaul_queue_node_other_cpus{{node="{n.name[:12]}",rack="{n.rack}"}} {svc.other[n.name].cpus:g}'
+                  for n in c.nodes if n.name in svc.other]
         lines.append("# TYPE longhaul_queue_node_free_gpus gauge")
         lines += [f'longhaul_queue_node_free_gpus{{node="{n.name[:12]}",rack="{n.rack}"}} {c.free[i][2]}' for i, n in enumerate(c.nodes)]
     return "\n".join(lines) + "\n"

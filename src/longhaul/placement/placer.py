@@ -68,6 +68,7 @@ from longhaul.placement.placement import PLACEMENT, FreeView, Job, Running, shar
 from longhaul.placement.preemption import Preemption
 from longhaul.placement.state import PlacerConfig, PlacerState
 
+OUTSIDE = "(outside work)"  # the ledger entry of what the cluster's other users hold (`hold_outside`)
 FLOOR = 1 << 30  # added to the order rank of a class below its `min_class_share`: served before every priority
 
 
@@ -124,6 +125,16 @@ class Placer:
     def release(self, job_id: str, now: float | None = None) -> Running:
         """A running job finished (or was stopped) at `now` (default: the latest pass): its resources go back."""
         return self.books.release(job_id, self.state.clock if now is None else now)
+
+    def hold_outside(self, requests: list[tuple[int, Resources]]) -> None:
+        """Book what the cluster's other users hold on each node (node index, resources), in place
+        of the last booking: the jobs plan around it, and what it gives back is open to them again."""
+        c = self.state.c
+        before = c.release(OUTSIDE)
+        if requests:
+            c.allocate(OUTSIDE, requests)
+        if sorted(before) != sorted(c.holdings.get(OUTSIDE, [])):
+            self.state.failed.clear()  # shapes that did not fit may fit now
 
     def withdraw(self, job_id: str) -> None:
         """Take a queued job out (a replica of a training run that finished without it); a head

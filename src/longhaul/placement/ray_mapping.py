@@ -8,7 +8,8 @@ matching Ray strategy when no decision is given: STRICT_PACK (one node) for a ga
 checkpoint is large and that fits on one node, otherwise PACK. `nodes_from_ray()` reads the
 live Ray cluster into `Node`s named by node ID (the rack from the node label `rack`, as
 `ray start --labels rack=r1` sets it, else from a `rack:<label>` custom resource, as
-`ray start --resources='{"rack:r1": 1}'` sets it). `reserve` creates the group and
+`ray start --resources='{"rack:r1": 1}'` sets it); `usage_from_ray()` what Ray counts as in use
+on each node (its load, whoever put it there). `reserve` creates the group and
 waits for it; `actor_options` gives the `.options(...)` of the actor that runs a unit.
 
 Ray is imported inside the functions that need it (the `ray` extra).
@@ -62,6 +63,23 @@ def nodes_from_ray() -> list[Node]:
         res, labels = n["Resources"], n.get("Labels") or {}
         rack = labels.get("rack") or next((k.split(":", 1)[1] for k in sorted(res) if k.startswith("rack:")), "rack-0")
         out.append(Node(n["NodeID"], Resources(res.get("CPU", 0.0), res.get("memory", 0.0) / GIB, int(res.get("GPU", 0))), rack))
+    return out
+
+
+def usage_from_ray() -> dict[str, Resources]:
+    """What Ray counts as in use on each alive node, by node ID: the resources its actors and
+    tasks hold and its placement groups reserve (whoever created them)."""
+    import ray
+    from ray._private.state import available_resources_per_node
+
+    free = available_resources_per_node()
+    out = {}
+    for n in ray.nodes():
+        if not n.get("Alive"):
+            continue
+        total, left = n["Resources"], free.get(n["NodeID"], {})
+        used = {k: max(0.0, total.get(k, 0.0) - left.get(k, 0.0)) for k in ("CPU", "memory", "GPU")}
+        out[n["NodeID"]] = Resources(used["CPU"], used["memory"] / GIB, int(round(used["GPU"])))
     return out
 
 
