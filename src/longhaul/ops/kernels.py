@@ -62,8 +62,9 @@ def _missing_requirement() -> str | None:
 def build_dir(sources: list[Path]) -> Path:
     root = Path(os.environ.get("LONGHAUL_KERNEL_CACHE") or Path.home() / ".cache" / "longhaul" / "kernels")
     files = sorted({*sources, *CSRC.glob("*.h")})
-    # torch's location: its include paths are written into the build, so another venv's torch is another build
-    where = str(Path(torch.__file__).resolve().parent)
+    # torch's location as this interpreter sees it (not resolved): its include paths are written into the build as
+    # seen, so another venv's torch, or the same one through a symlinked venv, is another build
+    where = str(Path(torch.__file__).absolute().parent)
     # LOCKING names the loaders' lock protocol: loaders that lock differently never share a build
     key = b"".join(f.read_bytes() for f in files) + " ".join(FLAGS).encode() + where.encode() + LOCKING.encode()
     digest = hashlib.sha256(key).hexdigest()[:12]
