@@ -236,17 +236,22 @@ def test_a_ray_backed_runs_rollout_actor_starts_in_its_bundle_on_the_placers_nod
             return True
 
     c, nodes, home = cluster
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    cpu_nodes = [nodes[k].node_id for k in ("a", "b") if nodes[k].node_id in alive]  # another test may have removed one
+    while len(cpu_nodes) < 2:
+        cpu_nodes.append(c.add_node(num_cpus=1, memory=3 * GB, resources={"rack:r1": 1}).node_id)
+    c.wait_for_nodes()
     cli("queue", "start", "--home", str(home / "q3"), "--pass-every-s", "0.5")
     watch = Watch(capacity(nodes))
-    # another user's actor holds node a's CPU: the queue sees it and waits instead of trying there
-    other = ray.remote(num_cpus=1)(Busy).options(scheduling_strategy=NodeAffinitySchedulingStrategy(nodes["a"].node_id, soft=False)).remote()
+    # another user's actor holds a CPU node: the queue sees it and waits instead of trying there
+    other = ray.remote(num_cpus=1)(Busy).options(scheduling_strategy=NodeAffinitySchedulingStrategy(cpu_nodes[0], soft=False)).remote()
     ray.get(other.ready.remote(), timeout=60)
     try:
         rid = cli("submit", "examples/tiny_grpo.yaml", "runtime.mode=async", "runtime.backend=ray", "runtime.workers=1",
                   "runtime.worker_cpus=1", "log.report_to=[]", "eval.before_after=false", "--domain", "x").split()[1]
         st = wait_for(lambda s: s["counts"]["passes"] >= 6, 60, "six passes")
         assert by_id(st)[rid]["state"] == "queued" and by_id(st)[rid]["attempts"] == 0  # no start tried where Ray has no room
-        assert {n["node"]: n["other_cpus"] for n in st["nodes"]}[nodes["a"].node_id] == 1.0
+        assert {n["node"]: n["other_cpus"] for n in st["nodes"]}[cpu_nodes[0]] == 1.0
         ray.kill(other)
         st = wait_for(lambda s: by_id(s)[rid]["state"] in ("done", "failed"), 300, "the Ray-backed run ending")
     finally:
@@ -255,7 +260,7 @@ def test_a_ray_backed_runs_rollout_actor_starts_in_its_bundle_on_the_placers_nod
     run = by_id(st)[rid]
     assert run["state"] == "done", run["reason"]
     assert [u["kind"] for u in run["units"]] == ["driver", "rollout"]
-    assert len(set(run["nodes"])) == 2 and nodes["g"].node_id not in run["nodes"]  # 1 CPU a node; CPU units keep off the GPU node
+    assert sorted(run["nodes"]) == sorted(cpu_nodes)  # 1 CPU a node; CPU units keep off the GPU node
     rollouts = [a for a in actors().values() if a["ActorClassName"] == "_RolloutActor"]
     assert rollouts and {a["Address"]["NodeID"] for a in rollouts} == {run["nodes"][1]}
     assert not watch.over and not watch.missing
