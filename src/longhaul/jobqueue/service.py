@@ -41,7 +41,7 @@ from longhaul.jobqueue.units import placement_env
 from longhaul.placement.cluster import Cluster, Node, Resources
 from longhaul.placement.placement import Job, WorkUnit
 from longhaul.placement.placer import OUTSIDE, Placer, PlacerConfig
-from longhaul.placement.ray_mapping import actor_options, nodes_from_ray, release, reserve, usage_from_ray
+from longhaul.placement.ray_mapping import actor_options, group_name, nodes_from_ray, release, reserve, usage_from_ray
 
 
 def units_of(rec: RunRecord) -> list[dict]:
@@ -83,7 +83,6 @@ class QueueService:
         self.error = ""  # the last pass's error, if it raised
         self.nodes: list[Node] = []
         self.placer: Placer | None = None
-        self.other: dict[str, Resources] = {}  # node -> what others hold there (`_note_other_work`)
         self._stop = threading.Event()
         with self.lock:
             self._adopt()
@@ -109,7 +108,8 @@ class QueueService:
         return self.store.update(run_id, cancel=True).view()
 
     def status(self) -> dict:
-        other = lambda n: self.other.get(n.name, Resources(0.0, 0.0, 0))  # noqa: E731
+        held = self.outside()
+        other = lambda n: held.get(n.name, Resources(0.0, 0.0, 0))  # noqa: E731
         nodes = [{"node": n.name, "rack": n.rack, "cpus": n.capacity.cpus, "mem_gb": round(n.capacity.mem_gb, 1),
                   "gpus": n.capacity.gpus, "other_cpus": other(n).cpus, "other_gpus": other(n).gpus} for n in self.nodes]
         return {"runs": [r.view() for r in self.store.all()], "nodes": nodes, "counts": dict(self.counts), "error": self.error,
@@ -189,7 +189,13 @@ class QueueService:
             if any(extra):
                 other.append((i, Resources.of(extra)))
         self.placer.hold_outside(other)
-        self.other = {c.nodes[i].name: r for i, r in other}
+
+    def outside(self) -> dict[str, Resources]:
+        """Node name -> what the cluster's other users hold there, as the last pass booked it."""
+        if self.placer is None:
+            return {}
+        c = self.placer.c
+        return {c.nodes[i].name: Resources.of(u) for i, u in c.holdings.get(OUTSIDE, [])}
 
     def _poll(self, now: float) -> None:
         import ray
@@ -294,7 +300,7 @@ class QueueService:
                                                   max_concurrency=4, **actor_options(pg, 0, run.job))
             self.actors[rec.id] = proc.remote(rec.id, run_argv(config, rec.overrides, root), rec.workdir,
                                               str(root / f"attempt-{rec.attempts}.log"),
-                                              placement_env(NAMESPACE, f"longhaul-{rec.id}", units_of(rec)))
+                                              placement_env(NAMESPACE, group_name(rec.id), units_of(rec)))
             ray.get(self.actors[rec.id].info.remote(), timeout=120)
         except Exception as e:
             self._drop(rec.id)
@@ -318,14 +324,14 @@ class QueueService:
             if actor is None:
                 self.counts["requeued_on_restart"] += 1
                 try:
-                    release(get_placement_group(f"longhaul-{rec.id}"))
+                    release(get_placement_group(group_name(rec.id)))
                 except Exception:
                     pass
                 self.store.move(rec.id, LIVE, "queued", reason="the service restarted and its process was gone")
                 continue
             self.actors[rec.id] = actor
             try:
-                self.groups[rec.id] = get_placement_group(f"longhaul-{rec.id}")
+                self.groups[rec.id] = get_placement_group(group_name(rec.id))
             except Exception:
                 pass
             self.counts["adopted"] += 1
@@ -351,8 +357,9 @@ def metrics_text(svc: QueueService) -> str:
         lines += [f'longhaul_queue_node_free_cpus{{node="{n.name[:12]}",rack="{n.rack}"}} {c.free[i][0] / 1000:g}'
                   for i, n in enumerate(c.nodes)]
         lines.append("# TYPE longhaul_queue_node_other_cpus gauge")  # held by the cluster's other users
-        lines += [f'longhaul_queue_node_other_cpus{{node="{n.name[:12]}",rack="{n.rack}"}} {svc.other[n.name].cpus:g}'
-                  for n in c.nodes if n.name in svc.other]
+        held = svc.outside()
+        lines += [f'longhaul_queue_node_other_cpus{{node="{n.name[:12]}",rack="{n.rack}"}} {held[n.name].cpus:g}'
+                  for n in c.nodes if n.name in held]
         lines.append("# TYPE longhaul_queue_node_free_gpus gauge")
         lines += [f'longhaul_queue_node_free_gpus{{node="{n.name[:12]}",rack="{n.rack}"}} {c.free[i][2]}' for i, n in enumerate(c.nodes)]
     return "\n".join(lines) + "\n"

@@ -83,6 +83,11 @@ def usage_from_ray() -> dict[str, Resources]:
     return out
 
 
+def group_name(job_id: str) -> str:
+    """The name of a job's placement group (`reserve` gives it; a restarted queue finds it by it)."""
+    return f"longhaul-{job_id}"
+
+
 def reserve(job: Job, run: Running | None = None, cluster: Cluster | None = None, cfg: PlacerConfig = PlacerConfig(),
             timeout_s: float = 60.0, lifetime: str | None = None):
     """Create the job's placement group (pinned to the placer's nodes when `run` and `cluster`
@@ -94,7 +99,7 @@ def reserve(job: Job, run: Running | None = None, cluster: Cluster | None = None
     if run is not None and cluster is None:
         raise ValueError("pinning bundles to the placer's nodes needs the cluster they were placed on")
     strat = "PACK" if run is not None else strategy(job, cfg)
-    pg = placement_group(bs, strategy=strat, name=f"longhaul-{job.id}", lifetime=lifetime,
+    pg = placement_group(bs, strategy=strat, name=group_name(job.id), lifetime=lifetime,
                          bundle_label_selector=pins(run, cluster) if run is not None else None)
     if not pg.wait(timeout_s):
         remove_placement_group(pg)
