@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from longhaul.errors import LonghaulError
 from longhaul.hardware import check_device_name, resolve_autocast, resolve_dtype
 from longhaul.runtime.algorithms import ALGORITHMS
 from longhaul.runtime.trackers import TRACKERS
+
+
+DeviceName = Annotated[str, AfterValidator(check_device_name)]  # auto, cpu, cuda or cuda:N (`hardware.resolve_device`)
 
 
 class Section(BaseModel):
@@ -68,7 +71,7 @@ class RolloutConfig(Section):
     # (emulated bf16 is far slower); resolved when the config is loaded, so config.yaml records what ran
     dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", validate_default=True)
     # where the sampler runs: auto is a CUDA GPU where torch sees one, else the CPU (resolved where the sampler starts)
-    device: str = "auto"
+    device: DeviceName = "auto"
     # the paged engine (prefix cache: a group's prompt is prefilled once), vLLM in its own process (`make vllm`;
     # inference/vllm_engine.py), or the HF sampler
     sampler: Literal["engine", "vllm", "hf"] = "engine"
@@ -103,11 +106,6 @@ class RolloutConfig(Section):
     @classmethod
     def _resolve_dtype(cls, v: str) -> str:
         return resolve_dtype(v)
-
-    @field_validator("device")
-    @classmethod
-    def _check_device(cls, v: str) -> str:
-        return check_device_name(v)
 
 
 class DataConfig(Section):
@@ -190,7 +188,7 @@ class TrainConfig(Section):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_targets: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     autocast: Literal["auto", "none", "bfloat16"] = Field("auto", validate_default=True)  # fp32 master weights either way; auto as rollout.dtype
-    device: str = "auto"  # where the policy trains: auto is a CUDA GPU where torch sees one, else the CPU
+    device: DeviceName = "auto"  # where the policy trains: auto is a CUDA GPU where torch sees one, else the CPU
     save_every: int = Field(5, ge=0)  # 0: only the final checkpoint
     keep_last: int = Field(2, ge=1)
     # processes one packed row is split over (context parallel: each holds 1/N of its tokens' activations, for rows
@@ -202,11 +200,6 @@ class TrainConfig(Section):
     @classmethod
     def _resolve_autocast(cls, v: str) -> str:
         return resolve_autocast(v)
-
-    @field_validator("device")
-    @classmethod
-    def _check_device(cls, v: str) -> str:
-        return check_device_name(v)
 
 
 class EvalConfig(Section):

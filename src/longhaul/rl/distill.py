@@ -30,7 +30,8 @@ from longhaul.errors import LonghaulError
 from longhaul.malloc import within_step
 from longhaul.models.lora import unwrap
 from longhaul.rl.grpo import GRPOTrainer, padded_rows
-from longhaul.rl.logprobs import autocast_ctx, right_pad
+from longhaul.ops.autocast import autocast as autocast_ctx  # a name apart from the `autocast` arguments
+from longhaul.rl.logprobs import right_pad
 from longhaul.rl.losses import aggregate, entropy_bonus, off_policy_weight
 from longhaul.rl.optim import OptimizerState, advance_schedule, clip_and_step, make_optimizer
 from longhaul.rl.registry import Registry

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from longhaul.models.compat import cache_kwarg
-from longhaul.ops.autocast import autocast as autocast_ctx  # noqa: F401  (the trainers' import)
+from longhaul.ops.autocast import autocast as autocast_ctx
 from longhaul.models.lora import unwrap
 from longhaul.rl import packed_forward
 from longhaul.rl.fused_head import head_logprobs

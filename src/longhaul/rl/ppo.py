@@ -38,7 +38,8 @@ from longhaul.malloc import within_step
 from longhaul.models.lora import is_lora
 from longhaul.rl.advantages import gae
 from longhaul.rl.grpo import padded_rows, frozen_copy
-from longhaul.rl.logprobs import autocast_ctx, completion_logprobs, pack
+from longhaul.ops.autocast import autocast as autocast_ctx  # a name apart from the `autocast` arguments
+from longhaul.rl.logprobs import completion_logprobs, pack
 from longhaul.rl.losses import (
     KL_ESTIMATORS,
     POLICY_LOSSES,

@@ -15,7 +15,8 @@ from longhaul.malloc import within_step
 from longhaul.models import load_policy
 from longhaul.models.lora import is_adapter_dir, merged_from_checkpoint, unwrap
 from longhaul.rl.data import encode_prompt_completion
-from longhaul.rl.logprobs import autocast_ctx, right_pad
+from longhaul.ops.autocast import autocast as autocast_ctx  # a name apart from the `autocast` arguments
+from longhaul.rl.logprobs import right_pad
 from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
 from longhaul.types import Score
 

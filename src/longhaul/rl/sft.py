@@ -27,7 +27,8 @@ import torch
 from longhaul.errors import LonghaulError
 from longhaul.malloc import within_step
 from longhaul.rl import logprobs, packed_forward
-from longhaul.rl.logprobs import autocast_ctx, right_pad
+from longhaul.ops.autocast import autocast as autocast_ctx  # a name apart from the `autocast` arguments
+from longhaul.rl.logprobs import right_pad
 from longhaul.rl.optim import OptimizerState, clip_and_step, make_optimizer
 
 Row = tuple[list[int], list[int]]  # token ids, loss mask (1 on assistant tokens)
