@@ -37,14 +37,24 @@ def test_an_unreadable_directory_is_still_counted(tmp_path):
 
 
 def test_the_watch_trips_past_the_cap_and_spares_a_workdir_already_over_it(tmp_path):
+    # forced samples: an unforced one waits out a pause that stretches with the walk's cost
     w = StorageWatch(tmp_path, cap=1 * MB, interval=0.0)
     _write(tmp_path / "small", MB // 2)
-    assert not w.over()
+    assert not w.over(force=True)
     _write(tmp_path / "big", 2 * MB)
-    assert w.over()
+    assert w.over(force=True)
     over_already = StorageWatch(tmp_path, cap=1 * MB, interval=0.0)  # a later command in the same workdir
-    assert not over_already.over()
+    assert not over_already.over(force=True)
     os.remove(tmp_path / "big")
     assert not over_already.over(force=True)
     _write(tmp_path / "more", 4 * MB)
     assert over_already.over(force=True)
+
+
+def test_an_unforced_sample_waits_for_its_interval(tmp_path):
+    w = StorageWatch(tmp_path, cap=1 * MB, interval=3600.0)
+    _write(tmp_path / "big", 2 * MB)
+    assert w.due() > 3000
+    assert not w.over()  # not due yet: no sample taken
+    assert w.over(force=True)
+    assert w.due() > 3000  # the forced sample set the next one an interval away
