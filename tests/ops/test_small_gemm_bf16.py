@@ -23,7 +23,7 @@ def _reference(x, w, b):
 
 
 @pytest.mark.parametrize("n,k", [(576, 576), (37, 40), (100, 1536), (16, 2), (1, 8), (49, 24)])
-@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 16])
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 16, 33])
 def test_bf16_gemm_equals_fp64_matmul(native, kind, m, n, k):
     gen = torch.Generator().manual_seed(m * 1000 + n + k)
     x = torch.randn(m, k, generator=gen).bfloat16()

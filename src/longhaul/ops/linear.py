@@ -21,7 +21,7 @@ are plain fp32 FMA sums in k order (~1e-6 relative to fp64 at K = 1,536).
 
 `SmallBatchLinearBF16` does the same for bf16 weights (`csrc/small_gemm_bf16.cpp`): k-pair panels
 for AVX512-BF16 dot products (`dp`) where the CPU has them, else 8-wide panels widened to fp32 on
-AVX2 (`widen`); calls of more than `ROWS` rows go to a oneDNN-packed copy (AMX or AVX512-BF16
+AVX2 (`widen`); calls of more rows than `bf16_kernel_rows` go to a oneDNN-packed copy (AMX or AVX512-BF16
 GEMM), so prefill keeps oneDNN's speed. Results: fp32 sums of the bf16 products, rounded to bf16
 once.
 
@@ -103,18 +103,18 @@ class SmallBatchLinear:
 class SmallBatchLinearBF16:
     """A bf16 weight (M, K) in the native kernel's bf16 panels (`csrc/small_gemm_bf16.cpp`: k-pair
     panels for AVX512-BF16 dot products, else 8-wide panels widened to fp32 on AVX2), for calls of
-    up to `ROWS` rows; larger calls (prefill chunks) go to a oneDNN-prepacked copy, which uses AMX
-    or AVX512-BF16 GEMM and reads each weight once for many rows. Both copies are kept: twice the
-    weight memory of a plain bf16 linear. Output bf16, rounded once from fp32 sums.
+    up to `rows` rows (`bf16_kernel_rows`); larger calls (prefill chunks) go to a oneDNN-prepacked
+    copy, which uses AMX or AVX512-BF16 GEMM and reads each weight once for many rows. Both copies
+    are kept: twice the weight memory of a plain bf16 linear. Output bf16, rounded once from fp32
+    sums.
     """
-
-    ROWS = 16
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel, kind: str = ""):
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
         self._kernel = kernel
         self.weight = kernel.pack_bf16(weight, kind)
+        self.rows = bf16_kernel_rows(self.weight.dim() == 4)
         self.bias = torch.empty(0) if bias is None else bias.detach().contiguous()
         try:
             self.large = PackedLinear(weight, bias)
@@ -123,10 +123,18 @@ class SmallBatchLinearBF16:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] > self.ROWS and self.large is not None:
+        if rows.shape[0] > self.rows and self.large is not None:
             return self.large(x)
         y = self._kernel.mm_bf16(rows, self.weight, self.out_features, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
+
+
+def bf16_kernel_rows(dp: bool) -> int:
+    """The most rows a call of the native bf16 kernel takes before oneDNN's copy does: 48 for the
+    AVX512-BF16 panels (`dp`) on a CPU without AMX, where the kernel's dot products beat oneDNN's
+    AVX512-BF16 GEMM up to about that many rows, so a decode step of 32 sequences stays in one
+    native call; 16 with AMX (oneDNN's tile GEMM) or on the AVX2 `widen` panels."""
+    return 48 if dp and not amx() else 16
 
 
 def bf16_kind() -> str:
@@ -194,7 +202,7 @@ def native_description(w, b=None):
     if isinstance(w, SmallBatchLinear):
         return ("fp32", w.weight, empty, empty, w.bias, w.out_features, 0, 0), 1 << 30
     if isinstance(w, SmallBatchLinearBF16):
-        return ("bf16", w.weight, empty, empty, w.bias, w.out_features, 0, 0), w.ROWS if w.large is not None else 1 << 30
+        return ("bf16", w.weight, empty, empty, w.bias, w.out_features, 0, 0), w.rows if w.large is not None else 1 << 30
     describe = getattr(w, "native_description", None)  # the quantized linears describe themselves
     return describe() if describe is not None else None
 
