@@ -36,6 +36,7 @@ from torch import nn
 from longhaul.errors import LonghaulError
 from longhaul.ops.kernels import native
 from longhaul.ops.linear import DequantizedCopy, panel_width, quantized_kernel_rows
+from longhaul.ops.pages import on_huge_pages
 
 Axis = Literal["token", "channel"]
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
@@ -92,7 +93,7 @@ class Int8Linear(nn.Module):
         of k quads, AVX512-VNNI or AVX2 integer dot products); a second copy of the codes, in the
         kernel's order, stored as code + 128."""
         u = (self.codes.to(torch.int16) + 128).to(torch.uint8)
-        self._native = (kernel, kernel.pack_blocks(u, _EMPTY, _EMPTY, 8, 128, nr)[0])
+        self._native = (kernel, on_huge_pages(kernel.pack_blocks(u, _EMPTY, _EMPTY, 8, 128, nr)[0]))
         self.native_rows = quantized_kernel_rows()
         return self
 

@@ -25,6 +25,7 @@ import torch
 from longhaul.errors import LonghaulError
 from longhaul.ops.kernels import native
 from longhaul.ops.linear import DequantizedCopy, panel_width, quantized_kernel_rows
+from longhaul.ops.pages import on_huge_pages
 
 GROUP = 32
 _EMPTY = torch.empty(0)
@@ -133,8 +134,9 @@ class BlockLinear:
         self.native_rows = quantized_kernel_rows() if self._kernel is not None else 0
         if self._kernel is not None:
             width = panel_width() if nr is None else nr
-            self._packed = self._kernel.pack_blocks(self.u, self.d, _EMPTY if m is None else self.m, self.format.bits,
-                                                    self.format.offset, width)
+            packed = self._kernel.pack_blocks(self.u, self.d, _EMPTY if m is None else self.m, self.format.bits,
+                                              self.format.offset, width)
+            self._packed = [on_huge_pages(t) for t in packed]
 
     @classmethod
     def from_float(cls, w: torch.Tensor, name: str, bias: torch.Tensor | None = None, dtype=torch.float32, nr=None):

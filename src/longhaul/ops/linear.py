@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from longhaul.ops.kernels import native
+from longhaul.ops.pages import on_huge_pages
 
 
 def linear(x: torch.Tensor, w, b: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -89,7 +90,7 @@ class SmallBatchLinear:
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
         self._kernel = kernel
-        self.weight = kernel.pack(weight, nr)
+        self.weight = on_huge_pages(kernel.pack(weight, nr))
         padded = self.weight.shape[0] * self.weight.shape[2]
         self.bias = torch.empty(0) if bias is None else F.pad(bias.detach().float(), (0, padded - self.out_features)).contiguous()
 
@@ -113,7 +114,7 @@ class SmallBatchLinearBF16:
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
         self._kernel = kernel
-        self.weight = kernel.pack_bf16(weight, kind)
+        self.weight = on_huge_pages(kernel.pack_bf16(weight, kind))
         self.rows = bf16_kernel_rows(self.weight.dim() == 4)
         self.bias = torch.empty(0) if bias is None else bias.detach().contiguous()
         try:
