@@ -53,6 +53,14 @@ def test_debug_shows_the_traceback(tmp_path):
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 
+def test_a_usage_error_gets_the_usage_and_exit_2(tmp_path):
+    for args, pattern in ((["generate", "hi"], "unexpected extra argument"), (["generate", "--bogus", "1"], "No such option")):
+        r = run_cli(*args, cwd=tmp_path)
+        assert r.returncode == 2 and pattern in r.stderr and "Usage: longhaul generate" in r.stderr, r.stderr
+        assert "unexpected UsageError" not in r.stderr and "Traceback" not in r.stderr
+    assert run_cli("--help", cwd=tmp_path).returncode == 0
+
+
 def test_env_prints_versions(tmp_path):
     r = run_cli("env", cwd=tmp_path)
     assert r.returncode == 0

@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = [a for a in argv if a != "--debug"]
     try:
         free_limit()  # a bad LONGHAUL_MALLOC_FREE_GB is refused now, not after a training step
-        rc = app(args=argv, standalone_mode=False)
+        rc = app(args=argv, prog_name="longhaul", standalone_mode=False)
         if isinstance(rc, int) and rc:
             sys.exit(rc)
     except LonghaulError as e:
@@ -579,16 +579,13 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("interrupted; completed checkpoints are intact (use --resume)", file=sys.stderr)
         sys.exit(130)
-    except Exception as e:  # click usage errors and the unexpected
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
+    except Exception as e:  # click's usage errors (from click or the copy typer vendors) and the unexpected
+        kinds = {c.__name__ for c in type(e).__mro__}
+        if "ClickException" in kinds:
             e.show()
             sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Exit):
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(1)
+        if "Exit" in kinds or "Abort" in kinds:
+            sys.exit(getattr(e, "exit_code", 1))
         if debug:
             raise
         print(f"error: unexpected {type(e).__name__}: {e} (rerun with --debug for the traceback)", file=sys.stderr)

@@ -5,6 +5,7 @@ import gc
 import pytest
 import torch
 
+from longhaul.errors import LonghaulError
 from longhaul.ops import pages
 from longhaul.ops.linear import pack
 
@@ -32,7 +33,7 @@ def test_small_tensors_and_the_switch_off_keep_the_tensor(monkeypatch):
     monkeypatch.setenv("LONGHAUL_HUGEPAGES", "0")
     assert pages.on_huge_pages(big) is big
     monkeypatch.setenv("LONGHAUL_HUGEPAGES", "yes")
-    with pytest.raises(ValueError, match="LONGHAUL_HUGEPAGES must be 0 or 1"):
+    with pytest.raises(LonghaulError, match="LONGHAUL_HUGEPAGES must be 0 or 1"):
         pages.on_huge_pages(big)
 
 

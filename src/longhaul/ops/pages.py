@@ -14,6 +14,8 @@ import os
 
 import torch
 
+from longhaul.errors import LonghaulError
+
 HUGE_PAGE = 2 << 20
 MIN_BYTES = 1 << 20  # smaller tensors stay where they are: a huge page would be mostly empty
 
@@ -21,7 +23,8 @@ MIN_BYTES = 1 << 20  # smaller tensors stay where they are: a huge page would be
 def enabled() -> bool:
     value = os.environ.get("LONGHAUL_HUGEPAGES", "1")
     if value not in ("0", "1"):
-        raise ValueError(f"LONGHAUL_HUGEPAGES must be 0 or 1, not {value!r}")
+        raise LonghaulError(f"LONGHAUL_HUGEPAGES must be 0 or 1, not {value!r}: unset it, or set 0 to keep "
+                            "the weights on ordinary pages")
     return value == "1" and hasattr(mmap, "MADV_HUGEPAGE")
 
 
