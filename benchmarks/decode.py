@@ -17,9 +17,9 @@ llama.cpp's figures: batch 1/8/32 "incl. prefill" from llama-batched-bench (B x 
 run), pp512 and tg128 (batch 1, generation only) from llama-bench. `--llamacpp-json` takes the JSON
 the anchor script wrote in the same sitting instead of running it (for a format it could not run).
 
-Also the host's read bandwidth (the best of several sums over 1 GiB on huge pages) and, per precision, the
-batch-1 limit it sets: one read of every weight a token (the linears and the LM head), so each b1
-figure is also given as a share of that limit. Prints a table and writes the JSON (temporary file,
+Also the host's read bandwidth (the best of several sums over 1 GiB on huge pages) and, per
+precision, the batch-1 limit it sets: one read of every weight a token (the linears and the LM
+head), so each b1 figure is also given as a share of that limit. Prints a table and writes the JSON (temporary file,
 then rename).
 """
 

@@ -21,9 +21,9 @@ are plain fp32 FMA sums in k order (~1e-6 relative to fp64 at K = 1,536).
 
 `SmallBatchLinearBF16` does the same for bf16 weights (`csrc/small_gemm_bf16.cpp`): k-pair panels
 for AVX512-BF16 dot products (`dp`) where the CPU has them, else 8-wide panels widened to fp32 on
-AVX2 (`widen`); calls of more rows than `bf16_kernel_rows` go to a oneDNN-packed copy (AMX or AVX512-BF16
-GEMM), so prefill keeps oneDNN's speed. Results: fp32 sums of the bf16 products, rounded to bf16
-once.
+AVX2 (`widen`); calls of more rows than `bf16_kernel_rows` go to a oneDNN-packed copy (AMX or
+AVX512-BF16 GEMM), so prefill keeps oneDNN's speed. Results: fp32 sums of the bf16 products,
+rounded to bf16 once.
 
 `LONGHAUL_GEMM_PANEL=8` (read by `pack`, so set it before the engine packs its weights) makes an
 AVX-512 CPU use the 8-output AVX2 panels, fp32 and bf16, the paths an AVX2-only CPU takes (the
