@@ -22,7 +22,8 @@ def _within(got, want, roundings, atol):
 
 
 @pytest.mark.parametrize("hq,hkv,d,lens", [(9, 3, 64, [1, 5, 17, 4, 33]), (4, 4, 16, [1, 5, 17, 4, 33]), (6, 2, 12, [1, 5, 17, 4, 33]),
-                                            (2, 1, 128, [1, 5, 17, 4, 33]), (9, 3, 64, [1400, 3]), (2, 1, 128, [900])])
+                                            (2, 1, 128, [1, 5, 17, 4, 33]), (9, 3, 64, [1400, 3]), (2, 1, 128, [900]),
+                                            (9, 3, 64, [100])])
 def test_bf16_decode_attention_equals_fp64_softmax_attention(native, hq, hkv, d, lens):
     """Short contexts, and long ones split over threads (merged by log-sum-exp)."""
     kv, tables, ctx = cache_with(lens, hkv, d, seed=hq + d, dtype=torch.bfloat16)

@@ -145,10 +145,11 @@ def test_onednn_linear_equals_fp64_matmul_on_each_cpu_path(isa, needs):
 
 
 @pytest.mark.parametrize("hq,hkv,d,lens", [(9, 3, 64, [1, 5, 17, 4, 32]), (4, 4, 16, [1, 5, 17, 4, 32]), (6, 2, 12, [1, 5, 17, 4, 32]),
-                                            (9, 3, 64, [1500]), (6, 2, 12, [0, 700, 9, 1300])])
+                                            (9, 3, 64, [1500]), (6, 2, 12, [0, 700, 9, 1300]), (9, 3, 64, [100]), (9, 3, 64, [70, 0])])
 def test_decode_attention_equals_sdpa_over_the_gathered_cache(native, hq, hkv, d, lens):
     """Short contexts (one task a sequence and KV head) and long ones, which the kernel splits over
-    threads and merges by log-sum-exp (an empty context gives zeros)."""
+    threads and merges by log-sum-exp (an empty context gives zeros); a lone sequence of a few
+    blocks is split too, so its heads do not leave a thread idle."""
     kv, tables, ctx = cache_with(lens, hkv, d, seed=hq + d)
     q = torch.randn(len(lens), hq, d, generator=torch.Generator().manual_seed(hq * d))  # seeded: the same check every run
     got = native.decode_attention(q, kv.k[0], kv.v[0], tables, ctx, kv.block_size, d ** -0.5)

@@ -76,13 +76,26 @@ inline __m256 dot8(const float* q, const T* const* k, int64_t D) {
   return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
 }
 
-// acc (DV * 8,) += sum_{p in [p0, p1)} w[p] v[slot[p]], the accumulators held in registers.
+// Rows of one KV head sit Hkv rows apart in the paged cache and jump at every block, so the
+// hardware prefetchers do not see them coming: the loops below ask for the row kAhead positions
+// on while they work on this one (into L2: a long context's rows would not fit L1).
+constexpr int64_t kAhead = 64;
+
+inline void prefetch_row(const void* row, int64_t bytes) {
+  const char* c = static_cast<const char*>(row);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T1);
+}
+
+// acc (DV * 8,) += sum_{p in [p0, p1)} w[p] v[slot[p]], the accumulators held in registers;
+// prefetches the rows of positions up to `ahead` (none when 0).
 template <int DV, class T>
-inline void weighted_sum(const float* w, const int64_t* slot, int64_t p0, int64_t p1, const T* v, float* acc_out) {
+inline void weighted_sum(const float* w, const int64_t* slot, int64_t p0, int64_t p1, int64_t ahead, const T* v,
+                         float* acc_out) {
   __m256 acc[DV];
 #pragma GCC unroll 16
   for (int i = 0; i < DV; ++i) acc[i] = _mm256_loadu_ps(acc_out + 8 * i);
   for (int64_t p = p0; p < p1; ++p) {
+    if (p + kAhead < ahead) prefetch_row(v + slot[p + kAhead] * DV * 8, DV * 8 * sizeof(T));
     const T* vv = v + slot[p] * DV * 8;
     const __m256 a = _mm256_set1_ps(w[p]);
 #pragma GCC unroll 16
@@ -99,8 +112,8 @@ inline void weighted_sum_any(const float* w, const int64_t* slot, int64_t p0, in
 }
 
 constexpr int64_t kSpan = 64;        // positions whose keys / values serve all G query heads while in L1
-constexpr int64_t kMinSplit = 256;   // the fewest positions a task takes when a context is split over threads
-constexpr int64_t kSerialWork = 1024;  // (position, KV head) pairs below which a step's attention stays on one thread
+constexpr int64_t kMinSplit = 32;    // the fewest positions a task takes when a context is split over threads
+constexpr int64_t kSerialWork = 256;  // (position, KV head) pairs below which a step's attention stays on one thread
 
 // One task: query heads [h*G, h*G + G) of sequence b over the positions whose K/V rows are
 // slot[p0..p1).
@@ -121,7 +134,9 @@ void attend_part(const T* qp, const T* kp, const T* vp, const int64_t* slot, int
   int64_t p = p0;
   if (D % 8 == 0) {
     std::vector<__m256> mx8(G, _mm256_set1_ps(-INFINITY));
+    for (int64_t a = p; a < std::min(p1, p + kAhead); ++a) prefetch_row(kp + slot[a] * D, D * sizeof(T));
     for (; p + 8 <= p1; p += 8) {
+      for (int64_t a = p + kAhead; a < std::min(p1, p + kAhead + 8); ++a) prefetch_row(kp + slot[a] * D, D * sizeof(T));
       const T* keys[8];
       for (int j = 0; j < 8; ++j) keys[j] = kp + slot[p + j] * D;
       for (int64_t g = 0; g < G; ++g) {
@@ -138,6 +153,7 @@ void attend_part(const T* qp, const T* kp, const T* vp, const int64_t* slot, int
       w[g * L + (p - p0)] = s;
       mx[g] = std::max(mx[g], s);
     }
+  for (int64_t a = p0; a < std::min(p1, p0 + kAhead); ++a) prefetch_row(vp + slot[a] * D, D * sizeof(T));
   for (int64_t g = 0; g < G; ++g) {
     float* wg = w.data() + g * L;
     const __m256 mxv = _mm256_set1_ps(mx[g]);
@@ -165,9 +181,9 @@ void attend_part(const T* qp, const T* kp, const T* vp, const int64_t* slot, int
       const float* wg = w.data() + g * L;
       float* acc = part + g * (D + 2) + 2;
       if (D == 64)
-        weighted_sum<8>(wg, sl, s0, s1, vp, acc);
+        weighted_sum<8>(wg, sl, s0, s1, g == 0 ? L : 0, vp, acc);
       else if (D == 128)
-        weighted_sum<16>(wg, sl, s0, s1, vp, acc);
+        weighted_sum<16>(wg, sl, s0, s1, g == 0 ? L : 0, vp, acc);
       else
         weighted_sum_any(wg, sl, s0, s1, vp, D, acc);
     }

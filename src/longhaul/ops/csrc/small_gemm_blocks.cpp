@@ -255,7 +255,11 @@ torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const t
   TORCH_CHECK(m.numel() == 0 || m.sizes() == d.sizes(), "mm_blocks: m must be empty or like d");
   TORCH_CHECK(N > 0 && N <= P * nr, "mm_blocks: N does not match the packed weight");
   TORCH_CHECK(nr == NR8 || has_avx512_vnni(), "mm_blocks: 16-wide panels need AVX512-VNNI, which this CPU lacks");
-  const QuantRows xq = longhaul::quantize_input(x);
+  // The calling thread's buffers, reused call after call. The panels, on other threads too, read
+  // them through this reference: the name of a thread_local would mean each thread's own copy.
+  thread_local QuantRows scratch;
+  QuantRows& xq = scratch;
+  longhaul::quantize_input(x, xq);
   auto y = torch::empty({M, N}, x.options().dtype(at::kFloat));
   float* yp = y.data_ptr<float>();
   const uint8_t* w = wp.data_ptr<uint8_t>();
