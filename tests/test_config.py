@@ -32,6 +32,9 @@ def test_bad_values_and_files(tmp_path):
         load_config(bad)
     with pytest.raises(LonghaulError, match="key.sub=value"):
         load_config(None, ["train.steps"])
+    # a check across sections: one line that names both keys, not the whole tree
+    with pytest.raises(LonghaulError, match=r"^config: runtime.inflight_kv keep needs rollout.sampler engine: [^{]*$"):
+        load_config(None, ["rollout.sampler=vllm", "runtime.inflight_kv=keep"])
 
 
 def test_examples_validate():

@@ -356,6 +356,13 @@ class RunConfig(Section):
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.name
 
+    @model_validator(mode="after")
+    def _inflight_kv_needs_the_engine(self):
+        if self.rollout.sampler == "vllm" and self.runtime.inflight_kv == "keep":
+            raise ValueError("runtime.inflight_kv keep needs rollout.sampler engine: vLLM re-prefills rollouts in flight "
+                             "after a weight update; set inflight_kv: recompute, or use longhaul's engine")
+        return self
+
 
 class DemosConfig(Section):
     """The pipeline's demonstrations (longhaul.agent.demos)."""
@@ -440,6 +447,8 @@ def _explain(err: ValidationError, model: type[BaseModel]) -> str:
         hint = f"did you mean {prefix + '.' if prefix else ''}{near[0]}?" if near else f"valid keys: {', '.join(valid)}"
         return f"unknown config key {dotted!r}; {hint}"
     msg = first["msg"].removeprefix("Value error, ")
+    if not loc:  # a check across sections: its message names the keys
+        return f"config: {msg}"
     return f"config key {dotted!r}: {msg} (got {first.get('input')!r})"
 
 

@@ -1,10 +1,15 @@
 """vLLM as the rollout engine, for real (its CPU build in `.venv-vllm`, `make vllm`): greedy
 rollouts of SmolLM2 equal longhaul's engine token for token with behaviour log-probs within a
-stated tolerance, a known weight update shows in the next rollout on both engines alike, and a
+stated tolerance, calls from many threads share the worker's batch, a known weight update shows
+in the next rollout on both engines alike and lands in the middle of rollouts in flight (partial
+rollouts: each token stamped with its version, the rest decoded under the new weights), and a
 missing or too old vLLM is refused in one line."""
 
 import os
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -77,10 +82,7 @@ def test_a_weight_update_shows_in_the_next_rollout(engines, smollm2):
     _, model, _ = smollm2
     prompts = [tok.encode(t) for t in TEXTS[:2]]
     before, _ = greedy_both(ours, theirs, prompts, 12)
-    gen = torch.Generator().manual_seed(0)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    for k in [k for k in state if ".mlp.down_proj." in k][:10]:  # a known change: ten layers' MLP outputs perturbed
-        state[k] += torch.randn(state[k].shape, generator=gen) * 0.05
+    state = _perturbed(model)
     ours.update_weights(state, 3)
     theirs.update_weights(state, 3)
     a, b = greedy_both(ours, theirs, prompts, 12)
@@ -91,6 +93,102 @@ def test_a_weight_update_shows_in_the_next_rollout(engines, smollm2):
     ours.update_weights(model.state_dict(), 4)
     theirs.update_weights(model.state_dict(), 4)
     assert [x.token_ids for x in greedy_both(ours, theirs, prompts, 12)[1]] == [x.token_ids for x in before]
+
+
+@needs_vllm
+def test_calls_from_many_threads_share_the_batch(engines):
+    ours, theirs, tok = engines
+    prompts = [tok.encode(t) for t in TEXTS]
+    params = RolloutParams(max_new_tokens=16, temperature=0.0)
+    alone = generate(ours, None, prompts, params)
+    with ThreadPoolExecutor(len(prompts)) as pool:  # one call a thread, all in flight at once
+        apart = list(pool.map(lambda p: generate(theirs, None, [p], params)[0], prompts))
+    assert [c.token_ids for c in apart] == [c.token_ids for c in alone]
+
+
+def _perturbed(model, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    for k in [k for k in state if ".mlp.down_proj." in k][:10]:  # a known change: ten layers' MLP outputs perturbed
+        state[k] += torch.randn(state[k].shape, generator=gen) * 0.05
+    return state
+
+
+@needs_vllm
+def test_a_weight_update_lands_in_rollouts_in_flight(engines, smollm2):
+    """Long greedy rollouts, and a weight update sent while they run: each completion's tokens
+    carry the old version up to the update and the new one after it, and what follows the switch
+    is what the new weights say greedily after the prompt and the tokens before it (the worker
+    re-prefilled)."""
+    ours, theirs, tok = engines
+    _, model, _ = smollm2
+    prompts = [tok.encode(t) for t in ("Once upon a time, in a land far away,", "Here is a long list of fruits: apple,")]
+    params = RolloutParams(max_new_tokens=160, temperature=0.0)
+    new, old, v = _perturbed(model), theirs.weight_version, theirs.weight_version + 1
+    done = []
+    rollouts = threading.Thread(target=lambda: done.append(generate(theirs, None, prompts, params)))
+    rollouts.start()
+    time.sleep(2.0)  # ~50 of the 160 tokens on 2 cores
+    assert rollouts.is_alive()
+    theirs.update_weights(new, v)
+    rollouts.join()
+    ours.update_weights(new, v)
+    try:
+        switched = 0
+        for prompt, c in zip(prompts, done[0]):
+            j = c.versions.index(v) if v in c.versions else len(c.versions)
+            assert c.versions == [old] * j + [v] * (len(c.versions) - j)
+            if 0 < j < len(c.token_ids):
+                switched += 1
+                after = generate(ours, None, [prompt + c.token_ids[:j]], RolloutParams(max_new_tokens=len(c.token_ids) - j, temperature=0.0))
+                assert after[0].token_ids == c.token_ids[j:][:len(after[0].token_ids)]
+        assert switched, "the update landed before or after the rollouts; no completion switched versions"
+    finally:
+        ours.update_weights(model.state_dict(), v + 1)
+        theirs.update_weights(model.state_dict(), v + 1)
+
+
+@needs_vllm
+def test_a_paused_engine_holds_its_rollouts_until_resumed(engines, smollm2):
+    """Paused, a call waits (8 tokens take well under the second waited); a weight update made
+    meanwhile reaches every token; resumed, the call ends with what the new weights say."""
+    ours, theirs, tok = engines
+    _, model, _ = smollm2
+    prompts = [tok.encode(TEXTS[1])]
+    params = RolloutParams(max_new_tokens=8, temperature=0.0)
+    v = theirs.weight_version + 1
+    theirs.pause()
+    done = []
+    rollout = threading.Thread(target=lambda: done.append(generate(theirs, None, prompts, params)[0]))
+    rollout.start()
+    try:
+        time.sleep(1.0)
+        assert rollout.is_alive() and not done
+        theirs.update_weights(_perturbed(model, seed=1), v)
+        ours.update_weights(_perturbed(model, seed=1), v)
+    finally:
+        theirs.resume()
+        rollout.join()
+    try:
+        assert done[0].versions == [v] * len(done[0].token_ids)
+        assert done[0].token_ids == generate(ours, None, prompts, params)[0].token_ids
+    finally:
+        ours.update_weights(model.state_dict(), v + 1)
+        theirs.update_weights(model.state_dict(), v + 1)
+
+
+@needs_vllm
+def test_a_refused_call_fails_alone(engines):
+    """A prompt past the context fails its own call with vLLM's reason; the others, before and
+    after, are served."""
+    ours, theirs, tok = engines
+    params = RolloutParams(max_new_tokens=4, temperature=0.0)
+    with ThreadPoolExecutor(2) as pool:
+        ok = pool.submit(generate, theirs, None, [tok.encode(TEXTS[0])], params)
+        with pytest.raises(LonghaulError, match="vLLM: .*1024"):
+            generate(theirs, None, [[1] * 1100], params)
+        assert len(ok.result()[0].token_ids) == 4
+    assert generate(theirs, None, [tok.encode(TEXTS[1])], params)[0].token_ids == generate(ours, None, [tok.encode(TEXTS[1])], params)[0].token_ids
 
 
 def test_without_vllm_the_sampler_is_refused_in_one_line(smollm2, tmp_path, monkeypatch):
