@@ -129,8 +129,12 @@ class VLLMEngine:
                 raise LonghaulError("the vLLM worker is not running (closed, or it died); build a new engine")
             cid = next(self._ids)
             self._pending[cid] = fut
-            self._proc.stdin.write(json.dumps({**msg, "id": cid}) + "\n")
-            self._proc.stdin.flush()
+            try:
+                self._proc.stdin.write(json.dumps({**msg, "id": cid}) + "\n")
+                self._proc.stdin.flush()
+            except OSError:  # the worker died since: its pipe is closed
+                del self._pending[cid]
+                raise LonghaulError("the vLLM worker is not running (it died); build a new engine") from None
         out = fut.result()
         if "error" in out:
             raise LonghaulError(f"vLLM: {out['error']}")
@@ -175,8 +179,9 @@ class VLLMEngine:
         proc = getattr(self, "_proc", None)
         if proc is not None and proc.poll() is None:
             try:
-                proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
-                proc.stdin.flush()
+                with self._write:  # not inside another call's line
+                    proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+                    proc.stdin.flush()
                 proc.wait(30)
             except (OSError, subprocess.TimeoutExpired):
                 proc.kill()

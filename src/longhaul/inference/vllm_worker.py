@@ -88,8 +88,9 @@ class Worker:
             for i in range(len(cmd["prompts"])):
                 self.seqs.pop(f"{cid}.{i}", None)
             raise
-        self.calls[cid] = [added, len(added)]
-        if not added:
+        if added:
+            self.calls[cid] = [added, len(added)]
+        else:
             _answer(self.out, {"id": cid, "outputs": []})
 
     def load(self, cmd: dict) -> int:
@@ -100,6 +101,7 @@ class Worker:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors.items()), "is_checkpoint_format": True})
         except AttributeError:  # an older worker without in-place reload: plain parameters only
             self.llm.apply_model(lambda model: model.load_weights(tensors.items()))
+        self.version = int(cmd["version"])  # every later token comes from these weights
         # no block computed with the old weights is reused; requests in flight re-prefill
         try:
             reset = self.engine.reset_prefix_cache(reset_running_requests=True)
@@ -107,7 +109,6 @@ class Worker:
             reset = self.engine.reset_prefix_cache()
         if reset is False:
             raise RuntimeError("vLLM kept its prefix cache after the weight load (requests were running)")
-        self.version = int(cmd["version"])
         return len(tensors)
 
     def step(self) -> None:
