@@ -19,8 +19,8 @@ the anchor script wrote in the same sitting instead of running it (for a format 
 
 Also the host's read bandwidth (the best of several sums over 1 GiB on huge pages) and, per
 precision, the batch-1 limit it sets: one read of every weight a token (the linears and the LM
-head), so each b1 figure is also given as a share of that limit. Prints a table and writes the JSON (temporary file,
-then rename).
+head), so each b1 figure is also given as a share of that limit. Prints a table and writes the
+JSON (temporary file, then rename).
 """
 
 from __future__ import annotations

@@ -53,6 +53,11 @@ def engines(smollm2):
     theirs.close()
 
 
+def update_both(ours, theirs, state, version):
+    ours.update_weights(state, version)
+    theirs.update_weights(state, version)
+
+
 def greedy_both(ours, theirs, prompts, n=24):
     params = RolloutParams(max_new_tokens=n, temperature=0.0)
     return generate(ours, None, prompts, params), generate(theirs, None, prompts, params)
@@ -83,15 +88,13 @@ def test_a_weight_update_shows_in_the_next_rollout(engines, smollm2):
     prompts = [tok.encode(t) for t in TEXTS[:2]]
     before, _ = greedy_both(ours, theirs, prompts, 12)
     state = _perturbed(model)
-    ours.update_weights(state, 3)
-    theirs.update_weights(state, 3)
+    update_both(ours, theirs, state, 3)
     a, b = greedy_both(ours, theirs, prompts, 12)
     assert [x.token_ids for x in a] != [x.token_ids for x in before]  # the update changed what the model says
     for x, y in zip(a, b):
         assert x.token_ids == y.token_ids and max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < LOGPROB_ATOL
         assert y.versions == [3] * len(y.token_ids)
-    ours.update_weights(model.state_dict(), 4)
-    theirs.update_weights(model.state_dict(), 4)
+    update_both(ours, theirs, model.state_dict(), 4)
     assert [x.token_ids for x in greedy_both(ours, theirs, prompts, 12)[1]] == [x.token_ids for x in before]
 
 
@@ -144,8 +147,7 @@ def test_a_weight_update_lands_in_rollouts_in_flight(engines, smollm2):
                 assert after[0].token_ids == c.token_ids[j:][:len(after[0].token_ids)]
         assert switched, "the update landed before or after the rollouts; no completion switched versions"
     finally:
-        ours.update_weights(model.state_dict(), v + 1)
-        theirs.update_weights(model.state_dict(), v + 1)
+        update_both(ours, theirs, model.state_dict(), v + 1)
 
 
 @needs_vllm
@@ -164,8 +166,7 @@ def test_a_paused_engine_holds_its_rollouts_until_resumed(engines, smollm2):
     try:
         time.sleep(1.0)
         assert rollout.is_alive() and not done
-        theirs.update_weights(_perturbed(model, seed=1), v)
-        ours.update_weights(_perturbed(model, seed=1), v)
+        update_both(ours, theirs, _perturbed(model, seed=1), v)
     finally:
         theirs.resume()
         rollout.join()
@@ -173,8 +174,7 @@ def test_a_paused_engine_holds_its_rollouts_until_resumed(engines, smollm2):
         assert done[0].versions == [v] * len(done[0].token_ids)
         assert done[0].token_ids == generate(ours, None, prompts, params)[0].token_ids
     finally:
-        ours.update_weights(model.state_dict(), v + 1)
-        theirs.update_weights(model.state_dict(), v + 1)
+        update_both(ours, theirs, model.state_dict(), v + 1)
 
 
 @needs_vllm

@@ -123,7 +123,7 @@ class Worker:
             seq["versions"] += [self.version] * len(ids)
             if o.finished:
                 seq["finish_reason"] = c.finish_reason or "stop"
-                self.finish(o.request_id.rsplit(".", 1)[0])
+                self.finish(int(o.request_id.rsplit(".", 1)[0]))
 
     def fail_all(self, why: str) -> None:
         rids = [rid for rids, _ in self.calls.values() for rid in rids]
@@ -134,12 +134,12 @@ class Worker:
         self.calls.clear()
         self.seqs.clear()
 
-    def finish(self, cid: str) -> None:
-        call = self.calls[int(cid)]
+    def finish(self, cid: int) -> None:
+        call = self.calls[cid]
         call[1] -= 1
         if call[1] == 0:
-            del self.calls[int(cid)]
-            _answer(self.out, {"id": int(cid), "outputs": [self.seqs.pop(rid) for rid in call[0]]})
+            del self.calls[cid]
+            _answer(self.out, {"id": cid, "outputs": [self.seqs.pop(rid) for rid in call[0]]})
 
 
 def main() -> None:
