@@ -1,14 +1,19 @@
 // The loop every small-batch GEMM kernel shares: panels of `nr` outputs, rows in blocks of up to
 // 8 (one register accumulator each), threads taking panel chunks from a shared counter so a thread
-// slowed by another process does not hold the call back.
+// slowed by another process does not hold the call back. Also what their callers share: the fp32
+// sums' last pass (scale, bias, rounding) into a given output, and per-thread scratch.
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <torch/extension.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <vector>
+
+#include "bf16.h"
 
 // W (N, K) row-major -> dst (ceil(N / nr), K, nr): panel g holds outputs g*nr .. g*nr+nr-1, each k's
 // nr weights side by side; dst must be zeroed (the last panel's missing outputs stay 0).
@@ -62,4 +67,50 @@ void run_panels(int64_t G, int64_t M, int64_t nr, int64_t N, Panel panel) {
       for (int64_t g0; (g0 = r.next.fetch_add(chunk, std::memory_order_relaxed)) < r.end;) run(g0, std::min(r.end, g0 + chunk));
     }
   });
+}
+
+// x as a contiguous tensor of `dtype`: x itself when it already is one (no dispatcher call).
+inline torch::Tensor contiguous_as(const torch::Tensor& x, at::ScalarType dtype) {
+  if (x.scalar_type() == dtype && x.is_contiguous()) return x;
+  return x.to(dtype).contiguous();
+}
+
+// A bias (empty or (N,)) as fp32 values, or null when empty; `keep` holds a converted copy while
+// the pointer is read.
+inline const float* bias_f32(const torch::Tensor& bias, torch::Tensor& keep) {
+  if (!bias.numel()) return nullptr;
+  keep = contiguous_as(bias, at::kFloat);
+  return keep.data_ptr<float>();
+}
+
+// A kernel's fp32 sums y (M, N) -> out (M, N): y * scale[n] (when scale is given), then + bias[n]
+// (when given), each in fp32, then rounded once to T; in place when out is y.
+template <class T>
+void finish_rows(const float* y, int64_t M, int64_t N, const float* scale, const float* bias, T* out) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* r = y + m * N;
+    T* o = out + m * N;
+    int64_t n = 0;
+    for (; n + 8 <= N; n += 8) {
+      __m256 v = _mm256_loadu_ps(r + n);
+      if (scale) v = _mm256_mul_ps(v, _mm256_loadu_ps(scale + n));
+      if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n));
+      longhaul::store8(o + n, v);
+    }
+    for (; n < N; ++n) {
+      float v = r[n];
+      if (scale) v *= scale[n];
+      if (bias) v += bias[n];
+      o[n] = static_cast<T>(v);
+    }
+  }
+}
+
+// The calling thread's fp32 scratch of at least n values, reused call after call (kernels pass
+// its pointer to their parallel loops: a thread_local named inside the loop is another thread's).
+inline float* scratch_f32(int64_t n) {
+  thread_local std::vector<float> buf;
+  std::vector<float>& mine = buf;
+  if (static_cast<int64_t>(mine.size()) < n) mine.resize(n);
+  return mine.data();
 }

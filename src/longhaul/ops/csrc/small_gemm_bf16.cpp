@@ -134,9 +134,10 @@ torch::Tensor pack_bf16(const torch::Tensor& w, const std::string& kind) {
   return out;
 }
 
-// x (M, K) @ packed bf16 weight -> y (M, N) bf16; bias: empty or (N,) bf16/fp32, added in fp32
-// before the one rounding to bf16.
-torch::Tensor mm_bf16(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias) {
+// x (M, K) @ packed bf16 weight -> out (M, N), a contiguous bf16 tensor; bias: empty or (N,)
+// bf16/fp32, added in fp32 before the one rounding to bf16.
+void mm_bf16_out(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias,
+                 const torch::Tensor& out) {
   const bool dp = wp.dim() == 4;
   TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
               "mm_bf16: x must be a 2-D bf16 or fp32 CPU tensor");
@@ -145,13 +146,14 @@ torch::Tensor mm_bf16(const torch::Tensor& x, const torch::Tensor& wp, int64_t N
               "mm_bf16: packed weight does not match x");
   TORCH_CHECK(N > 0 && N <= wp.size(0) * wp.size(2), "mm_bf16: N does not match the packed weight");
   TORCH_CHECK(!dp || has_avx512_bf16(), "mm_bf16: dp panels need AVX512-BF16, which this CPU lacks");
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kBFloat16 && out.dim() == 2 && out.size(0) == x.size(0) &&
+              out.size(1) == N, "mm_bf16: out must be a contiguous bf16 (M, N) tensor");
   const int64_t M = x.size(0), K = x.size(1), G = wp.size(0), nr = wp.size(2);
-  auto y = torch::empty({M, N}, x.options().dtype(at::kFloat));
-  if (M == 0) return y.to(at::kBFloat16);
-  float* yp = y.data_ptr<float>();
+  if (M == 0) return;
+  float* yp = scratch_f32(M * N);
   const uint16_t* w = reinterpret_cast<const uint16_t*>(wp.data_ptr<at::BFloat16>());
   if (dp) {
-    const auto xb = x.to(at::kBFloat16).contiguous();
+    const auto xb = contiguous_as(x, at::kBFloat16);
     const uint16_t* xp = reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>());
     run_panels(G, M, nr, N, [&](int64_t g, int64_t m, int mr, int nc) {
       kDp[mr](xp + m * K, K, w + g * K * nr, yp + m * N + g * nr, N, nc);
@@ -163,6 +165,13 @@ torch::Tensor mm_bf16(const torch::Tensor& x, const torch::Tensor& wp, int64_t N
       kWiden[mr](xp + m * K, K, w + g * K * nr, yp + m * N + g * nr, N, nc);
     });
   }
-  if (bias.numel()) y.add_(bias.to(at::kFloat));
-  return y.to(at::kBFloat16);
+  torch::Tensor keep;
+  finish_rows(yp, M, N, nullptr, bias_f32(bias, keep), out.data_ptr<at::BFloat16>());
+}
+
+// mm_bf16_out into a new (M, N) bf16 tensor.
+torch::Tensor mm_bf16(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias) {
+  auto out = torch::empty({x.dim() == 2 ? x.size(0) : 0, N}, x.options().dtype(at::kBFloat16));
+  mm_bf16_out(x, wp, N, bias, out);
+  return out;
 }

@@ -232,10 +232,11 @@ std::vector<torch::Tensor> pack_blocks(const torch::Tensor& codes, const torch::
   return {out, pack_scales(d, nr), m.numel() ? pack_scales(m, nr) : m};
 }
 
-// x (M, K) fp32 or bf16 @ the packed blocks -> (M, N) in x's dtype, plus bias (empty or (N,)). d:
-// the packed group scales, or (N,) fp32 for per-channel codes (8 bits, m empty), applied once.
-torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& d, const torch::Tensor& m,
-                        int64_t bits, int64_t offset, int64_t N, const torch::Tensor& bias) {
+// x (M, K) fp32 or bf16 @ the packed blocks -> out (M, N), contiguous, of x's dtype, plus bias
+// (empty or (N,)). d: the packed group scales, or (N,) fp32 for per-channel codes (8 bits, m
+// empty), applied once.
+void mm_blocks_out(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& d, const torch::Tensor& m,
+                   int64_t bits, int64_t offset, int64_t N, const torch::Tensor& bias, const torch::Tensor& out) {
   TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "mm_blocks: x must be a 2-D fp32 or bf16 CPU tensor");
   TORCH_CHECK(bits == 4 || bits == 8, "mm_blocks: bits must be 4 or 8");
@@ -255,13 +256,16 @@ torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const t
   TORCH_CHECK(m.numel() == 0 || m.sizes() == d.sizes(), "mm_blocks: m must be empty or like d");
   TORCH_CHECK(N > 0 && N <= P * nr, "mm_blocks: N does not match the packed weight");
   TORCH_CHECK(nr == NR8 || has_avx512_vnni(), "mm_blocks: 16-wide panels need AVX512-VNNI, which this CPU lacks");
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == x.scalar_type() && out.dim() == 2 && out.size(0) == M &&
+              out.size(1) == N, "mm_blocks: out must be a contiguous (M, N) tensor of x's dtype");
+  if (M == 0) return;
   // The calling thread's buffers, reused call after call. The panels, on other threads too, read
   // them through this reference: the name of a thread_local would mean each thread's own copy.
   thread_local QuantRows scratch;
   QuantRows& xq = scratch;
   longhaul::quantize_input(x, xq);
-  auto y = torch::empty({M, N}, x.options().dtype(at::kFloat));
-  float* yp = y.data_ptr<float>();
+  const bool fp32 = x.scalar_type() == at::kFloat;
+  float* yp = fp32 ? out.data_ptr<float>() : scratch_f32(M * N);  // fp32 sums: straight into out
   const uint8_t* w = wp.data_ptr<uint8_t>();
   const uint16_t* dptr = per_channel ? nullptr : reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
   const uint16_t* mptr = m.numel() ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
@@ -272,7 +276,17 @@ torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const t
     panels[mr](xq, m0, w + p * groups * gb, dptr ? dptr + p * groups * nr : nullptr, mptr ? mptr + p * groups * nr : nullptr,
                off, yp + m0 * N + p * nr, N, nc);
   });
-  if (per_channel) y.mul_(d);
-  if (bias.numel()) y.add_(bias.to(at::kFloat));
-  return y.to(x.scalar_type());
+  torch::Tensor keep, scale = per_channel ? contiguous_as(d, at::kFloat) : torch::Tensor();
+  const float* sp = per_channel ? scale.data_ptr<float>() : nullptr;
+  const float* bp = bias_f32(bias, keep);
+  if (!fp32) finish_rows(yp, M, N, sp, bp, out.data_ptr<at::BFloat16>());
+  else if (sp || bp) finish_rows(yp, M, N, sp, bp, yp);
+}
+
+// mm_blocks_out into a new (M, N) tensor of x's dtype.
+torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& d, const torch::Tensor& m,
+                        int64_t bits, int64_t offset, int64_t N, const torch::Tensor& bias) {
+  auto out = torch::empty({x.dim() == 2 ? x.size(0) : 0, N}, x.options());
+  mm_blocks_out(x, wp, d, m, bits, offset, N, bias, out);
+  return out;
 }

@@ -84,18 +84,26 @@ void swiglu_impl(const T* gp, const T* upp, T* op, int64_t N, int64_t F, int64_t
   });
 }
 
-torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
+// silu(gate) * up into out (N, F), contiguous, of their dtype.
+void swiglu_out(const torch::Tensor& gate, const torch::Tensor& up, const torch::Tensor& out) {
   TORCH_CHECK(gate.dim() == 2 && up.dim() == 2 && gate.stride(1) == 1 && up.stride(1) == 1 &&
               (gate.scalar_type() == at::kFloat || gate.scalar_type() == at::kBFloat16) &&
               up.scalar_type() == gate.scalar_type(),
               "swiglu: gate and up must be 2-D fp32 or bf16 views of one dtype with unit stride in the last dim");
   TORCH_CHECK(gate.sizes() == up.sizes(), "swiglu: gate and up differ in shape");
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == gate.scalar_type() && out.sizes() == gate.sizes(),
+              "swiglu: out must be contiguous, of gate's shape and dtype");
   const int64_t N = gate.size(0), F = gate.size(1), gs = gate.stride(0), us = up.stride(0);
-  auto out = torch::empty({N, F}, gate.options());
   if (gate.scalar_type() == at::kFloat)
     swiglu_impl(gate.data_ptr<float>(), up.data_ptr<float>(), out.data_ptr<float>(), N, F, gs, us);
   else
     swiglu_impl(gate.data_ptr<bf16>(), up.data_ptr<bf16>(), out.data_ptr<bf16>(), N, F, gs, us);
+}
+
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
+  TORCH_CHECK(gate.dim() == 2, "swiglu: gate and up must be 2-D fp32 or bf16 views of one dtype with unit stride in the last dim");
+  auto out = torch::empty({gate.size(0), gate.size(1)}, gate.options().memory_format(at::MemoryFormat::Contiguous));
+  swiglu_out(gate, up, out);
   return out;
 }
 
