@@ -19,8 +19,10 @@ the anchor script wrote in the same sitting instead of running it (for a format 
 
 Also the host's read bandwidth (the best of several sums over 1 GiB on huge pages) and, per
 precision, the batch-1 limit it sets: one read of every weight a token (the linears and the LM
-head), so each b1 figure is also given as a share of that limit. Prints a table and writes the
-JSON (temporary file, then rename).
+head), so each b1 figure is also given as a share of that limit. A shared host's bandwidth moves
+within seconds, so each batch-1 run is bracketed by two reads of it and measured against the
+higher: the share is the best run's, and every run's figures go to the JSON. Prints a table and
+writes the JSON (temporary file, then rename).
 """
 
 from __future__ import annotations
@@ -60,16 +62,21 @@ QUANTIZED = ("int8", "int8-torch", "q8_0", "q4_0", "gguf")
 MODEL = "smollm2-135m-instruct"
 
 
-def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+class ReadBandwidth:
     """Bytes/s of a sum over `gib` GiB of fp32 with torch's threads: the best of `repeats`. The
-    array sits on huge pages as the engine's packed weights do (4 KiB pages read slower)."""
-    x = on_huge_pages(torch.ones(int(gib * 2**30) // 4))
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        x.sum().item()
-        best = min(best, time.perf_counter() - t)
-    return x.numel() * 4 / best
+    array sits on huge pages as the engine's packed weights do (4 KiB pages read slower), and is
+    allocated once for every reading."""
+
+    def __init__(self, gib: float = 1.0):
+        self.x = on_huge_pages(torch.ones(int(gib * 2**30) // 4))
+
+    def __call__(self, repeats: int = 5) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            self.x.sum().item()
+            best = min(best, time.perf_counter() - t)
+        return self.x.numel() * 4 / best
 
 
 def weight_bytes(engine) -> int:
@@ -87,7 +94,7 @@ def weight_bytes(engine) -> int:
     return total
 
 
-def ours(dtype: str, sizes: list[int], repeats: int, log) -> dict:
+def ours(dtype: str, sizes: list[int], repeats: int, log, probe: ReadBandwidth) -> dict:
     hf, tok = load_policy(MODEL)
     quant = dtype.split("-")[0] if dtype in QUANTIZED else None
     source = MODEL if quant == "gguf" else hf  # the file's blocks: the engine reads them by the model's name
@@ -99,8 +106,24 @@ def ours(dtype: str, sizes: list[int], repeats: int, log) -> dict:
         engine.runner.pack_weights(lambda w, b: (None, b) if w is None else (Int8Linear.from_float(w, b), None))
     prompts = fib_prompts(tok, max(64, max(sizes)))
     _engine_generate(engine, prompts[:2], 8, 0)  # warm-up
-    out = {"engine_dtype": engine.config.dtype, "decode": {}}
+    out = {"engine_dtype": engine.config.dtype, "decode": {}, "weight_bytes": weight_bytes(engine)}
     for b in sizes:
+        if b == 1:  # each run between two readings of the bandwidth
+            runs = []
+            for _ in range(repeats):
+                engine.flush_prefix_cache()
+                before = probe(3)
+                t = time.perf_counter()
+                n = _engine_generate(engine, prompts[:1], 128, 1)
+                t = time.perf_counter() - t
+                limit = max(before, probe(3)) / out["weight_bytes"]
+                runs.append({"tok_s": round(n / t, 1), "limit_tok_s": round(limit, 1), "share": round(n / t / limit, 3)})
+            out["b1_runs"] = runs
+            best = max(runs, key=lambda r: r["share"])
+            out["b1_share"], out["b1_limit"] = best["share"], best["limit_tok_s"]
+            out["decode"][b] = max(r["tok_s"] for r in runs)
+            log(f"ours {dtype} b1: {out['decode'][b]:.1f} tok/s, best share {100 * best['share']:.0f}% of {best['limit_tok_s']:.0f}")
+            continue
         n, t = _timed(lambda: _engine_generate(engine, prompts[:b], 128, 1), repeats, engine.flush_prefix_cache)
         out["decode"][b] = round(n / t, 1)
         log(f"ours {dtype} b{b}: {n / t:.1f} tok/s")
@@ -108,7 +131,6 @@ def ours(dtype: str, sizes: list[int], repeats: int, log) -> dict:
     _, t = _timed(lambda: _engine_generate(engine, [long], 1, 0), repeats, engine.flush_prefix_cache)
     out["pp512"] = round(512 / t, 1)
     log(f"ours {dtype} pp512: {512 / t:.1f} tok/s")
-    out["weight_bytes"] = weight_bytes(engine)
     return out
 
 
@@ -150,9 +172,10 @@ def main() -> int:
         except ValueError:
             raise LonghaulError(f"--batch-sizes must be comma-separated integers, got {a.batch_sizes!r}") from None
         threads = torch.get_num_threads()
-        bw = read_bandwidth()
+        probe = ReadBandwidth()
+        bw = probe()
         log(f"read bandwidth {bw / 1e9:.1f} GB/s ({threads} threads)")
-        mine = {d: ours(d, sizes, a.repeats, log) for d in dtypes}
+        mine = {d: ours(d, sizes, a.repeats, log, probe) for d in dtypes}
         anchor = llamacpp(given, threads, log) if a.llamacpp else json.loads(given.read_text())
     except LonghaulError as e:
         if a.debug:
@@ -162,7 +185,6 @@ def main() -> int:
     rows = []
     for d in dtypes:
         theirs = anchor["weights"].get(ANCHOR_WEIGHTS[d], {})
-        limit = bw / mine[d]["weight_bytes"]
         for b in sizes:
             lc = theirs.get("incl_prefill", {}).get(str(b))
             tg = theirs.get("tg128_b1") if b == 1 else None
@@ -170,7 +192,8 @@ def main() -> int:
             rows.append({"dtype": d, "llamacpp_weights": ANCHOR_WEIGHTS[d], "batch_size": b, "ours_tok_s": got,
                          "llamacpp_tok_s": round(lc, 1) if lc else None, "ratio": round(got / lc, 2) if lc else None,
                          **({"llamacpp_tg128_b1": round(tg, 1)} if tg else {}),
-                         **({"share_of_b1_limit": round(got / limit, 3), "b1_limit_tok_s": round(limit, 1)} if b == 1 else {})})
+                         **({"share_of_b1_limit": mine[d]["b1_share"], "b1_limit_tok_s": mine[d]["b1_limit"],
+                             "b1_runs": mine[d]["b1_runs"]} if b == 1 and "b1_share" in mine[d] else {})})
         lp = theirs.get("pp512")
         rows.append({"dtype": d, "llamacpp_weights": ANCHOR_WEIGHTS[d], "batch_size": "pp512", "ours_tok_s": mine[d]["pp512"],
                      "llamacpp_tok_s": round(lp, 1) if lp else None, "ratio": round(mine[d]["pp512"] / lp, 2) if lp else None})
