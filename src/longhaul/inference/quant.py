@@ -145,7 +145,7 @@ class Int8Linear(nn.Module):
         if self._native is None:
             return None
         bias = _EMPTY if self.bias is None else self.bias
-        return ("int8", self._native[1], self.scale, _EMPTY, bias, self.out_features, 8, 128), self.native_rows
+        return ("int8", self._native[1], self.scale, _EMPTY, bias, self.out_features, self.in_features, 8, 128), self.native_rows
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

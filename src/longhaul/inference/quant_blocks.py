@@ -166,7 +166,8 @@ class BlockLinear:
             return None
         codes, d, m = self._packed
         bias = _EMPTY if self.bias is None else self.bias
-        return (self.format.name, codes, d, m, bias, self.out_features, self.format.bits, self.format.offset), self.native_rows
+        return ((self.format.name, codes, d, m, bias, self.out_features, self.in_features, self.format.bits, self.format.offset),
+                self.native_rows)
 
 
 def concat(parts: list[BlockLinear], bias: torch.Tensor | None = None) -> BlockLinear:

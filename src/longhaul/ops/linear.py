@@ -195,15 +195,16 @@ def pack(w: torch.Tensor | None, b: torch.Tensor | None = None, few_rows: bool =
 
 def native_description(w, b=None):
     """What `DecodeLayers` (csrc/decode_step.cpp) needs to call weight w's kernel itself, or None
-    when w has no native kernel: (kind, weight, a, b, bias, out features, bits, offset), and the
+    when w has no native kernel: (kind, weight, a, b, bias, out features, in features, bits, offset), and the
     most rows it takes there (beyond them the callable sends rows elsewhere, e.g. to oneDNN)."""
     empty = torch.empty(0)
     if b is not None:  # a bias the packer left to the caller
         return None
     if isinstance(w, SmallBatchLinear):
-        return ("fp32", w.weight, empty, empty, w.bias, w.out_features, 0, 0), 1 << 30
+        return ("fp32", w.weight, empty, empty, w.bias, w.out_features, w.in_features, 0, 0), 1 << 30
     if isinstance(w, SmallBatchLinearBF16):
-        return ("bf16", w.weight, empty, empty, w.bias, w.out_features, 0, 0), w.rows if w.large is not None else 1 << 30
+        return ("bf16", w.weight, empty, empty, w.bias, w.out_features, w.in_features, 0, 0), \
+            w.rows if w.large is not None else 1 << 30
     describe = getattr(w, "native_description", None)  # the quantized linears describe themselves
     return describe() if describe is not None else None
 

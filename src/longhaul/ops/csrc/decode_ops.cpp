@@ -327,6 +327,38 @@ bool fp32_or_bf16(const torch::Tensor& t) { return t.scalar_type() == at::kFloat
 
 }  // namespace
 
+// Raw forms for a caller that checked its tensors once (DecodeLayers): the same arithmetic as the
+// tensor functions below. Context lengths and slots are the caller's to check.
+template <class T>
+void rms_norm_raw(const T* x, const T* w, T* y, int64_t N, int64_t E, float eps) {
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) rms_row(x + n * E, w, y + n * E, E, eps);
+  });
+}
+
+template <class T>
+void rope_and_cache_raw(const T* qkv, const T* cos, const T* sin, T* q, T* kc, T* vc, const int64_t* slots, int64_t N,
+                        int64_t Hq, int64_t Hkv, int64_t D) {
+  rope_cache_impl(qkv, cos, sin, q, kc, vc, slots, N, Hq + 2 * Hkv, Hq, Hkv, D);
+}
+
+template <class T>
+void decode_attention_raw(const T* q, const T* kc, const T* vc, const int64_t* block_tables, const int64_t* lens, T* out,
+                          int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t nb, int64_t block_size, float scale) {
+  attention_impl(q, kc, vc, block_tables, lens, out, B, Hq, Hkv, D, nb, block_size, scale);
+}
+
+template void rms_norm_raw<float>(const float*, const float*, float*, int64_t, int64_t, float);
+template void rms_norm_raw<bf16>(const bf16*, const bf16*, bf16*, int64_t, int64_t, float);
+template void rope_and_cache_raw<float>(const float*, const float*, const float*, float*, float*, float*, const int64_t*,
+                                        int64_t, int64_t, int64_t, int64_t);
+template void rope_and_cache_raw<bf16>(const bf16*, const bf16*, const bf16*, bf16*, bf16*, bf16*, const int64_t*, int64_t,
+                                       int64_t, int64_t, int64_t);
+template void decode_attention_raw<float>(const float*, const float*, const float*, const int64_t*, const int64_t*, float*,
+                                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float);
+template void decode_attention_raw<bf16>(const bf16*, const bf16*, const bf16*, const int64_t*, const int64_t*, bf16*,
+                                         int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float);
+
 // t as a contiguous int64 tensor: t itself when it already is one (no dispatcher call).
 torch::Tensor longs(const torch::Tensor& t) {
   if (t.scalar_type() == at::kLong && t.is_contiguous()) return t;

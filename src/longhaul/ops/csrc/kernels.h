@@ -42,6 +42,25 @@ void rope_and_cache_out(const torch::Tensor& qkv, const torch::Tensor& cos, cons
                         const torch::Tensor& q);
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 void swiglu_out(const torch::Tensor& gate, const torch::Tensor& up, const torch::Tensor& out);
+// Raw forms of the decode-step kernels, for a caller that checked its tensors once (DecodeLayers):
+// pointers and sizes, T float or c10::BFloat16; the tensor functions above check and call them.
+void mm_raw(const float* x, int64_t M, int64_t K, const float* w, int64_t G, int64_t nr, const float* bias, int64_t N,
+            float* y);
+void mm_bf16_raw(const c10::BFloat16* x, int64_t M, int64_t K, const uint16_t* w, bool dp, int64_t G, int64_t N,
+                 const float* bias, c10::BFloat16* out);
+template <class T>
+void mm_blocks_raw(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t P, int64_t nr, const uint16_t* d,
+                   const uint16_t* m, const float* scale, int bits, int offset, int64_t N, const float* bias, T* out);
+template <class T>
+void rms_norm_raw(const T* x, const T* w, T* y, int64_t N, int64_t E, float eps);
+template <class T>
+void rope_and_cache_raw(const T* qkv, const T* cos, const T* sin, T* q, T* kc, T* vc, const int64_t* slots, int64_t N,
+                        int64_t Hq, int64_t Hkv, int64_t D);
+template <class T>
+void decode_attention_raw(const T* q, const T* kc, const T* vc, const int64_t* block_tables, const int64_t* lens, T* out,
+                          int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t nb, int64_t block_size, float scale);
+template <class T>
+void swiglu_raw(const T* gate, const T* up, T* out, int64_t N, int64_t F, int64_t gs, int64_t us);
 // Every decoder layer of a decode step in one call (decode_step.cpp): the layers' description is
 // parsed once, at construction; `run` takes a step's tensors.
 class DecodeLayers {

@@ -106,11 +106,12 @@ void finish_rows(const float* y, int64_t M, int64_t N, const float* scale, const
   }
 }
 
-// The calling thread's fp32 scratch of at least n values, reused call after call (kernels pass
-// its pointer to their parallel loops: a thread_local named inside the loop is another thread's).
-inline float* scratch_f32(int64_t n) {
-  thread_local std::vector<float> buf;
-  std::vector<float>& mine = buf;
+// The calling thread's fp32 scratch `slot` (0 or 1) of at least n values, reused call after call
+// (kernels pass its pointer to their parallel loops: a thread_local named inside the loop is
+// another thread's).
+inline float* scratch_f32(int64_t n, int slot = 0) {
+  thread_local std::vector<float> buf[2];
+  std::vector<float>& mine = buf[slot];
   if (static_cast<int64_t>(mine.size()) < n) mine.resize(n);
   return mine.data();
 }

@@ -119,17 +119,17 @@ torch::Tensor pack(const torch::Tensor& w, int64_t nr) {
   return out;
 }
 
-// x (M, K) fp32 @ panels -> y (M, N) (contiguous); bias: empty or (G * nr,) zero padded.
-static void mm_rows(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias, torch::Tensor& y) {
-  const int64_t M = x.size(0), K = x.size(1), G = wp.size(0), nr = wp.size(2);
+// x (M, K) fp32 @ panels (G, K, nr) -> y (M, N); bias: null or (G * nr,) zero padded.
+void mm_raw(const float* x, int64_t M, int64_t K, const float* w, int64_t G, int64_t nr, const float* b, int64_t N, float* y) {
   const PanelFn* panels = nr == NR16 ? kPanels16 : kPanels;
-  const float* xp = x.data_ptr<float>();
-  const float* w = wp.data_ptr<float>();
-  const float* b = bias.numel() ? bias.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
   run_panels(G, M, nr, N, [&](int64_t g, int64_t m, int mr, int nc) {
-    panels[mr](xp + m * K, K, w + g * K * nr, b ? b + g * nr : nullptr, yp + m * N + g * nr, N, nc);
+    panels[mr](x + m * K, K, w + g * K * nr, b ? b + g * nr : nullptr, y + m * N + g * nr, N, nc);
   });
+}
+
+static void mm_rows(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias, torch::Tensor& y) {
+  mm_raw(x.data_ptr<float>(), x.size(0), x.size(1), wp.data_ptr<float>(), wp.size(0), wp.size(2),
+         bias.numel() ? bias.data_ptr<float>() : nullptr, N, y.data_ptr<float>());
 }
 
 static void check_mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t N) {

@@ -134,6 +134,25 @@ torch::Tensor pack_bf16(const torch::Tensor& w, const std::string& kind) {
   return out;
 }
 
+// x (M, K) bf16 @ packed panels (G of them; dp or widen) -> out (M, N) bf16; bias null or (N,) fp32.
+void mm_bf16_raw(const at::BFloat16* x, int64_t M, int64_t K, const uint16_t* w, bool dp, int64_t G, int64_t N,
+                 const float* bias, at::BFloat16* out) {
+  float* yp = scratch_f32(M * N);
+  if (dp) {
+    const uint16_t* xp = reinterpret_cast<const uint16_t*>(x);
+    run_panels(G, M, NR_DP, N, [&](int64_t g, int64_t m, int mr, int nc) {
+      kDp[mr](xp + m * K, K, w + g * K * NR_DP, yp + m * N + g * NR_DP, N, nc);
+    });
+  } else {
+    float* xp = scratch_f32(M * K, 1);  // the same bf16 products as dp, in fp32
+    for (int64_t i = 0; i < M * K; ++i) xp[i] = static_cast<float>(x[i]);
+    run_panels(G, M, NR_WIDEN, N, [&](int64_t g, int64_t m, int mr, int nc) {
+      kWiden[mr](xp + m * K, K, w + g * K * NR_WIDEN, yp + m * N + g * NR_WIDEN, N, nc);
+    });
+  }
+  finish_rows(yp, M, N, nullptr, bias, out);
+}
+
 // x (M, K) @ packed bf16 weight -> out (M, N), a contiguous bf16 tensor; bias: empty or (N,)
 // bf16/fp32, added in fp32 before the one rounding to bf16.
 void mm_bf16_out(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias,
@@ -148,25 +167,12 @@ void mm_bf16_out(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, con
   TORCH_CHECK(!dp || has_avx512_bf16(), "mm_bf16: dp panels need AVX512-BF16, which this CPU lacks");
   TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kBFloat16 && out.dim() == 2 && out.size(0) == x.size(0) &&
               out.size(1) == N, "mm_bf16: out must be a contiguous bf16 (M, N) tensor");
-  const int64_t M = x.size(0), K = x.size(1), G = wp.size(0), nr = wp.size(2);
+  const int64_t M = x.size(0), K = x.size(1), G = wp.size(0);
   if (M == 0) return;
-  float* yp = scratch_f32(M * N);
-  const uint16_t* w = reinterpret_cast<const uint16_t*>(wp.data_ptr<at::BFloat16>());
-  if (dp) {
-    const auto xb = contiguous_as(x, at::kBFloat16);
-    const uint16_t* xp = reinterpret_cast<const uint16_t*>(xb.data_ptr<at::BFloat16>());
-    run_panels(G, M, nr, N, [&](int64_t g, int64_t m, int mr, int nc) {
-      kDp[mr](xp + m * K, K, w + g * K * nr, yp + m * N + g * nr, N, nc);
-    });
-  } else {
-    const auto xf = x.to(at::kBFloat16).to(at::kFloat).contiguous();  // the same bf16 products as dp
-    const float* xp = xf.data_ptr<float>();
-    run_panels(G, M, nr, N, [&](int64_t g, int64_t m, int mr, int nc) {
-      kWiden[mr](xp + m * K, K, w + g * K * nr, yp + m * N + g * nr, N, nc);
-    });
-  }
+  const auto xb = contiguous_as(x, at::kBFloat16);
   torch::Tensor keep;
-  finish_rows(yp, M, N, nullptr, bias_f32(bias, keep), out.data_ptr<at::BFloat16>());
+  mm_bf16_raw(xb.data_ptr<at::BFloat16>(), M, K, reinterpret_cast<const uint16_t*>(wp.data_ptr<at::BFloat16>()), dp, G, N,
+              bias_f32(bias, keep), out.data_ptr<at::BFloat16>());
 }
 
 // mm_bf16_out into a new (M, N) bf16 tensor.

@@ -28,6 +28,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "panels.h"
@@ -232,6 +233,33 @@ std::vector<torch::Tensor> pack_blocks(const torch::Tensor& codes, const torch::
   return {out, pack_scales(d, nr), m.numel() ? pack_scales(m, nr) : m};
 }
 
+// x (M, K) fp32 or bf16 @ packed codes (P panels of nr) -> out (M, N) of x's dtype. d, m: the
+// packed group scales and minimums (m null but for Q4_1), or d null and scale (N,) for
+// per-channel codes; bias null or (N,) fp32.
+template <class T>
+void mm_blocks_raw(const T* x, int64_t M, int64_t K, const uint8_t* w, int64_t P, int64_t nr, const uint16_t* d,
+                   const uint16_t* m, const float* scale, int bits, int offset, int64_t N, const float* bias, T* out) {
+  // The calling thread's buffers, reused call after call. The panels, on other threads too, read
+  // them through this reference: the name of a thread_local would mean each thread's own copy.
+  thread_local QuantRows scratch;
+  QuantRows& xq = scratch;
+  longhaul::quantize_rows(x, M, K, xq);
+  constexpr bool fp32 = std::is_same<T, float>::value;
+  float* yp = fp32 ? reinterpret_cast<float*>(out) : scratch_f32(M * N);  // fp32 sums: straight into out
+  const PanelFn* panels = panels_for(bits, m != nullptr, d == nullptr, static_cast<int>(nr));
+  const int64_t gb = group_bytes(bits, static_cast<int>(nr)), groups = xq.groups;
+  run_panels(P, M, nr, N, [&](int64_t p, int64_t m0, int mr, int nc) {
+    panels[mr](xq, m0, w + p * groups * gb, d ? d + p * groups * nr : nullptr, m ? m + p * groups * nr : nullptr, offset,
+               yp + m0 * N + p * nr, N, nc);
+  });
+  if (!fp32 || scale || bias) finish_rows(yp, M, N, scale, bias, out);
+}
+template void mm_blocks_raw<float>(const float*, int64_t, int64_t, const uint8_t*, int64_t, int64_t, const uint16_t*,
+                                   const uint16_t*, const float*, int, int, int64_t, const float*, float*);
+template void mm_blocks_raw<at::BFloat16>(const at::BFloat16*, int64_t, int64_t, const uint8_t*, int64_t, int64_t,
+                                          const uint16_t*, const uint16_t*, const float*, int, int, int64_t, const float*,
+                                          at::BFloat16*);
+
 // x (M, K) fp32 or bf16 @ the packed blocks -> out (M, N), contiguous, of x's dtype, plus bias
 // (empty or (N,)). d: the packed group scales, or (N,) fp32 for per-channel codes (8 bits, m
 // empty), applied once.
@@ -259,28 +287,17 @@ void mm_blocks_out(const torch::Tensor& x, const torch::Tensor& wp, const torch:
   TORCH_CHECK(out.is_contiguous() && out.scalar_type() == x.scalar_type() && out.dim() == 2 && out.size(0) == M &&
               out.size(1) == N, "mm_blocks: out must be a contiguous (M, N) tensor of x's dtype");
   if (M == 0) return;
-  // The calling thread's buffers, reused call after call. The panels, on other threads too, read
-  // them through this reference: the name of a thread_local would mean each thread's own copy.
-  thread_local QuantRows scratch;
-  QuantRows& xq = scratch;
-  longhaul::quantize_input(x, xq);
-  const bool fp32 = x.scalar_type() == at::kFloat;
-  float* yp = fp32 ? out.data_ptr<float>() : scratch_f32(M * N);  // fp32 sums: straight into out
-  const uint8_t* w = wp.data_ptr<uint8_t>();
-  const uint16_t* dptr = per_channel ? nullptr : reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
-  const uint16_t* mptr = m.numel() ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
-  const PanelFn* panels = panels_for(static_cast<int>(bits), mptr != nullptr, per_channel, static_cast<int>(nr));
-  const int64_t gb = group_bytes(static_cast<int>(bits), static_cast<int>(nr));
-  const int off = static_cast<int>(offset);
-  run_panels(P, M, nr, N, [&](int64_t p, int64_t m0, int mr, int nc) {
-    panels[mr](xq, m0, w + p * groups * gb, dptr ? dptr + p * groups * nr : nullptr, mptr ? mptr + p * groups * nr : nullptr,
-               off, yp + m0 * N + p * nr, N, nc);
-  });
   torch::Tensor keep, scale = per_channel ? contiguous_as(d, at::kFloat) : torch::Tensor();
   const float* sp = per_channel ? scale.data_ptr<float>() : nullptr;
-  const float* bp = bias_f32(bias, keep);
-  if (!fp32) finish_rows(yp, M, N, sp, bp, out.data_ptr<at::BFloat16>());
-  else if (sp || bp) finish_rows(yp, M, N, sp, bp, yp);
+  const uint16_t* dptr = per_channel ? nullptr : reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
+  const uint16_t* mptr = m.numel() ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
+  const auto xc = x.contiguous();
+  if (x.scalar_type() == at::kFloat)
+    mm_blocks_raw(xc.data_ptr<float>(), M, K, wp.data_ptr<uint8_t>(), P, nr, dptr, mptr, sp, static_cast<int>(bits),
+                  static_cast<int>(offset), N, bias_f32(bias, keep), out.data_ptr<float>());
+  else
+    mm_blocks_raw(xc.data_ptr<at::BFloat16>(), M, K, wp.data_ptr<uint8_t>(), P, nr, dptr, mptr, sp, static_cast<int>(bits),
+                  static_cast<int>(offset), N, bias_f32(bias, keep), out.data_ptr<at::BFloat16>());
 }
 
 // mm_blocks_out into a new (M, N) tensor of x's dtype.

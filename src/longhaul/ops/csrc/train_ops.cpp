@@ -84,6 +84,14 @@ void swiglu_impl(const T* gp, const T* upp, T* op, int64_t N, int64_t F, int64_t
   });
 }
 
+// silu(gate) * up for rows of gate and up gs and us apart -> out (N, F) (DecodeLayers' raw form).
+template <class T>
+void swiglu_raw(const T* gate, const T* up, T* out, int64_t N, int64_t F, int64_t gs, int64_t us) {
+  swiglu_impl(gate, up, out, N, F, gs, us);
+}
+template void swiglu_raw<float>(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+template void swiglu_raw<bf16>(const bf16*, const bf16*, bf16*, int64_t, int64_t, int64_t, int64_t);
+
 // silu(gate) * up into out (N, F), contiguous, of their dtype.
 void swiglu_out(const torch::Tensor& gate, const torch::Tensor& up, const torch::Tensor& out) {
   TORCH_CHECK(gate.dim() == 2 && up.dim() == 2 && gate.stride(1) == 1 && up.stride(1) == 1 &&
