@@ -116,8 +116,10 @@ def ours(dtype: str, sizes: list[int], repeats: int, log, probe: ReadBandwidth) 
                 t = time.perf_counter()
                 n = _engine_generate(engine, prompts[:1], 128, 1)
                 t = time.perf_counter() - t
-                limit = max(before, probe(3)) / out["weight_bytes"]
-                runs.append({"tok_s": round(n / t, 1), "limit_tok_s": round(limit, 1), "share": round(n / t / limit, 3)})
+                after = probe(3)
+                limit = max(before, after) / out["weight_bytes"]
+                runs.append({"tok_s": round(n / t, 1), "read_gbs": [round(before / 1e9, 1), round(after / 1e9, 1)],
+                             "limit_tok_s": round(limit, 1), "share": round(n / t / limit, 3)})
             out["b1_runs"] = runs
             best = max(runs, key=lambda r: r["share"])
             out["b1_share"], out["b1_limit"] = best["share"], best["limit_tok_s"]

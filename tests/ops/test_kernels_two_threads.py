@@ -66,3 +66,20 @@ def test_decode_attention_on_two_threads_equals_fp64_softmax(native, two_threads
         # fp32 arithmetic on values ~1; bf16 adds one rounding of the output (2^-8 relative)
         rtol = 2.0 ** -8 if dtype == torch.bfloat16 else 1e-5
         torch.testing.assert_close(got[i].double(), want, rtol=rtol, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,quant", [("float32", None), ("bfloat16", None), ("bfloat16", "q4_0"), ("float32", "int8")])
+def test_native_decode_step_on_two_threads_equals_the_python_layers(native, two_threads, dtype, quant):
+    """The step's raw kernel calls share one buffer and per-thread scratch across both threads:
+    its logits equal the per-layer Python path's, run on the same two threads, bit for bit."""
+    from longhaul.inference import LLMEngine
+    from longhaul.models import load_policy
+    from tests.ops.test_decode_step import _steps
+
+    model, _ = load_policy("tiny-llama")
+    runner = LLMEngine(model, dtype=dtype, quantization=quant, adaptive_threads=False, num_kv_blocks=8, block_size=4).runner
+    assert runner._native_layers is not None and torch.get_num_threads() == 2
+    fused = _steps(runner, True)
+    runner.kv.k.zero_(), runner.kv.v.zero_()
+    plain = _steps(runner, False)
+    assert torch.equal(fused, plain), (fused - plain).abs().max()
