@@ -54,6 +54,23 @@ def test_int8_gemm_equals_fp64_matmul_of_the_dequantized_weight(native, nr, m, n
         assert (err <= rel * want.abs() + 1e-5 * scale + 1e-30).all(), (err - rel * want.abs()).max()
 
 
+def test_int8_bias_is_added_after_the_scale_is_rounded(native, nr):
+    """Per output: its scale's product rounded in fp32, then the bias added and rounded (as a
+    multiply, then an add): the same bits as the kernel without a bias plus the bias."""
+    gen = torch.Generator().manual_seed(7)
+    w, b = torch.randn(300, 576, generator=gen), torch.randn(300, generator=gen)
+    x = torch.randn(3, 576, generator=gen)
+    plain = Int8Linear.from_float(w).use_native(native, nr)(x)
+    biased = Int8Linear.from_float(w, b).use_native(native, nr)(x)
+    assert torch.equal(biased, plain + b)
+
+
+def test_a_bias_of_the_wrong_length_is_refused(native):
+    lin = Int8Linear.from_float(torch.randn(40, 64)).use_native(native, 8)
+    with pytest.raises(RuntimeError, match="the bias must have N = 40 values, got 39"):
+        native.mm_blocks(torch.randn(1, 64), lin._native[1], lin.scale, torch.empty(0), 8, 128, 40, torch.randn(39))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_gemm_stays_within_the_activation_grid_of_the_float_product(native, nr, dtype):
     """Against x itself: each value moves at most half its group's step, so the product moves at

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "panels.h"
 #include "vec_math.h"
 
 namespace {
@@ -200,6 +201,7 @@ void attend_part(const T* qp, const T* kp, const T* vp, const int64_t* slot, int
 template <class T>
 void attention_impl(const T* qp, const T* kp, const T* vp, const int64_t* btp, const int64_t* lp, T* op, int64_t B,
                     int64_t Hq, int64_t Hkv, int64_t D, int64_t nb, int64_t block_size, float sc) {
+  if (B == 0) return;
   const int64_t G = Hq / Hkv, threads = at::get_num_threads();
   int64_t longest = 0, work = 0;
   for (int64_t b = 0; b < B; ++b) {
@@ -359,28 +361,21 @@ template void decode_attention_raw<float>(const float*, const float*, const floa
 template void decode_attention_raw<bf16>(const bf16*, const bf16*, const bf16*, const int64_t*, const int64_t*, bf16*,
                                          int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float);
 
-// t as a contiguous int64 tensor: t itself when it already is one (no dispatcher call).
-torch::Tensor longs(const torch::Tensor& t) {
-  if (t.scalar_type() == at::kLong && t.is_contiguous()) return t;
-  return t.to(at::kLong).contiguous();
-}
-
 // q (B, Hq, D); k_cache, v_cache (slots, Hkv, D) of one layer; block_tables (B, nb) int64;
-// context_lens (B,) int64: attend to positions [0, len) -> out (B, Hq, D), contiguous. q, the
-// cache and out share one dtype, fp32 or bf16.
-void decode_attention_out(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                          const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
-                          double scale, const torch::Tensor& out) {
+// context_lens (B,) int64: attend to positions [0, len) -> (B, Hq, D). q and the cache share
+// one dtype, fp32 or bf16; the output has it too.
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                               const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
+                               double scale) {
   TORCH_CHECK(q.dim() == 3 && fp32_or_bf16(q), "decode_attention: q must be (B, Hq, D) fp32 or bf16");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.scalar_type() == q.scalar_type() &&
               v_cache.scalar_type() == q.scalar_type(), "decode_attention: the cache must be contiguous, of q's dtype");
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == q.scalar_type() && out.sizes() == q.sizes(),
-              "decode_attention: out must be contiguous, of q's shape and dtype");
   const auto qc = q.contiguous();
-  const auto bt = longs(block_tables);
-  const auto lens = longs(context_lens);
+  const auto bt = contiguous_as(block_tables, at::kLong);
+  const auto lens = contiguous_as(context_lens, at::kLong);
   const int64_t B = qc.size(0), Hq = qc.size(1), D = qc.size(2), Hkv = k_cache.size(1), nb = bt.size(1);
   TORCH_CHECK(k_cache.size(2) == D && Hq % Hkv == 0, "decode_attention: head sizes do not match the cache");
+  auto out = torch::empty_like(qc);  // every row is written, an empty context's as zeros
   const int64_t* btp = bt.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b)  // checked here: an error cannot leave a parallel region
@@ -392,54 +387,30 @@ void decode_attention_out(const torch::Tensor& q, const torch::Tensor& k_cache, 
   else
     attention_impl(qc.data_ptr<bf16>(), k_cache.data_ptr<bf16>(), v_cache.data_ptr<bf16>(), btp, lp, out.data_ptr<bf16>(),
                    B, Hq, Hkv, D, nb, block_size, sc);
-}
-
-// decode_attention_out into a new (B, Hq, D) tensor.
-torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                               const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
-                               double scale) {
-  TORCH_CHECK(q.dim() == 3, "decode_attention: q must be (B, Hq, D) fp32 or bf16");
-  auto out = torch::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
-  decode_attention_out(q, k_cache, v_cache, block_tables, context_lens, block_size, scale, out);
   return out;
 }
 
-// x (N, E), weight (E,) of one dtype, fp32 or bf16 -> out (N, E), contiguous, of that dtype:
-// weight * (x * rsqrt(mean(x^2) + eps)), as HF's LlamaRMSNorm (mean in fp32).
-void rms_norm_out(const torch::Tensor& x, const torch::Tensor& weight, double eps, const torch::Tensor& out) {
+// x (N, E), weight (E,) of one dtype, fp32 or bf16 -> weight * (x * rsqrt(mean(x^2) + eps)), as
+// HF's LlamaRMSNorm (mean in fp32).
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() == 2 && fp32_or_bf16(x) && weight.scalar_type() == x.scalar_type() && weight.numel() == x.size(1),
               "rms_norm: x (N, E) and weight (E,), both fp32 or both bf16");
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == x.scalar_type() && out.sizes() == x.sizes(),
-              "rms_norm: out must be contiguous, of x's shape and dtype");
   const auto xc = x.contiguous();
   const auto wc = weight.contiguous();
-  const int64_t N = xc.size(0), E = xc.size(1);
+  auto y = torch::empty_like(xc);
   const float e = static_cast<float>(eps);
-  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      if (xc.scalar_type() == at::kFloat)
-        rms_row(xc.data_ptr<float>() + n * E, wc.data_ptr<float>(), out.data_ptr<float>() + n * E, E, e);
-      else
-        rms_row(xc.data_ptr<bf16>() + n * E, wc.data_ptr<bf16>(), out.data_ptr<bf16>() + n * E, E, e);
-    }
-  });
-}
-
-// rms_norm_out into a new tensor.
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  TORCH_CHECK(x.dim() == 2, "rms_norm: x (N, E) and weight (E,), both fp32 or both bf16");
-  auto y = torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  rms_norm_out(x, weight, eps, y);
+  if (xc.scalar_type() == at::kFloat)
+    rms_norm_raw(xc.data_ptr<float>(), wc.data_ptr<float>(), y.data_ptr<float>(), xc.size(0), xc.size(1), e);
+  else
+    rms_norm_raw(xc.data_ptr<bf16>(), wc.data_ptr<bf16>(), y.data_ptr<bf16>(), xc.size(0), xc.size(1), e);
   return y;
 }
 
 // qkv (N, Hq + 2 Hkv, D): RoPE on q and k by cos, sin (N, D) (HF's half-split rotation),
 // rotated k and plain v stored at `slots` (N,) of one layer's k_cache, v_cache (slots, Hkv, D);
-// the rotated q into q_out (N, Hq, D), contiguous. All of one dtype, fp32 or bf16 (one rounding a
-// value).
-void rope_and_cache_out(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& slots, int64_t Hq,
-                        const torch::Tensor& q) {
+// returns the rotated q (N, Hq, D). All of one dtype, fp32 or bf16 (one rounding a value).
+torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                             torch::Tensor k_cache, torch::Tensor v_cache, const torch::Tensor& slots, int64_t Hq) {
   const auto dt = qkv.scalar_type();
   TORCH_CHECK(qkv.dim() == 3 && fp32_or_bf16(qkv) && cos.scalar_type() == dt && sin.scalar_type() == dt,
               "rope_and_cache: qkv (N, H, D), cos and sin of one dtype, fp32 or bf16");
@@ -447,28 +418,19 @@ void rope_and_cache_out(const torch::Tensor& qkv, const torch::Tensor& cos, cons
               v_cache.scalar_type() == dt, "rope_and_cache: the cache must be contiguous, of qkv's dtype");
   const auto x = qkv.contiguous();
   const auto c = cos.contiguous(), sn = sin.contiguous();
-  const auto sl = longs(slots);
+  const auto sl = contiguous_as(slots, at::kLong);
   const int64_t N = x.size(0), H = x.size(1), D = x.size(2), Hkv = k_cache.size(1), S = k_cache.size(0);
   TORCH_CHECK(H == Hq + 2 * Hkv && k_cache.size(2) == D && D % 2 == 0 && c.size(0) == N && c.size(1) == D,
               "rope_and_cache: shapes do not match");
   const int64_t* sp = sl.data_ptr<int64_t>();
   for (int64_t n = 0; n < N; ++n) TORCH_CHECK(sp[n] >= 0 && sp[n] < S, "rope_and_cache: a slot is outside the cache");
-  TORCH_CHECK(q.is_contiguous() && q.scalar_type() == dt && q.dim() == 3 && q.size(0) == N && q.size(1) == Hq &&
-              q.size(2) == D, "rope_and_cache: q_out must be a contiguous (N, Hq, D) tensor of qkv's dtype");
+  auto q = torch::empty({N, Hq, D}, x.options());
   if (dt == at::kFloat)
     rope_cache_impl(x.data_ptr<float>(), c.data_ptr<float>(), sn.data_ptr<float>(), q.data_ptr<float>(),
                     k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), sp, N, H, Hq, Hkv, D);
   else
     rope_cache_impl(x.data_ptr<bf16>(), c.data_ptr<bf16>(), sn.data_ptr<bf16>(), q.data_ptr<bf16>(), k_cache.data_ptr<bf16>(),
                     v_cache.data_ptr<bf16>(), sp, N, H, Hq, Hkv, D);
-}
-
-// rope_and_cache_out; returns the rotated q, a new (N, Hq, D) tensor.
-torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
-                             torch::Tensor k_cache, torch::Tensor v_cache, const torch::Tensor& slots, int64_t Hq) {
-  TORCH_CHECK(qkv.dim() == 3, "rope_and_cache: qkv (N, H, D), cos and sin of one dtype, fp32 or bf16");
-  auto q = torch::empty({qkv.size(0), Hq, qkv.size(2)}, qkv.options().memory_format(at::MemoryFormat::Contiguous));
-  rope_and_cache_out(qkv, cos, sin, k_cache, v_cache, slots, Hq, q);
   return q;
 }
 

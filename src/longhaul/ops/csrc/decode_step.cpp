@@ -23,14 +23,15 @@
 
 #include "bf16.h"
 #include "kernels.h"
+#include "panels.h"
+#include "quant_rows.h"
 
 namespace {
 
 using longhaul::bf16;
+using longhaul::GK;
 
 enum class Kind { fp32, bf16, blocks };
-
-constexpr int64_t GK = 32;  // k values a quantization group (quant_rows.h)
 
 // kind "fp32" / "bf16" (w), "int8" (w, per-output scale a), "q8_0" / "q4_0" / "q4_1" (w, group
 // scales a, minimums b); the last four run the block kernel; bias empty or (N,) (fp32 panels: (G *
@@ -200,21 +201,28 @@ torch::Tensor DecodeLayers::Impl::run(torch::Tensor h, const torch::Tensor& k_ca
               v_cache.is_contiguous() && k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype,
               "DecodeLayers: a contiguous cache of one entry per layer, in h's dtype");
   const int64_t B = h.size(0), S = k_cache.size(1), Hkv = k_cache.size(2), D = k_cache.size(3), H = Hq + 2 * Hkv;
+  if (B == 0) return h.clone();
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0 && D % 2 == 0, "DecodeLayers: head counts or head size do not fit the cache");
   for (const Layer& l : layers)
     TORCH_CHECK(l.qkv.N == H * D && l.o.K == Hq * D, "DecodeLayers: a layer's widths do not match the heads");
   const auto c = cos.contiguous(), sn = sin.contiguous();
   TORCH_CHECK(c.scalar_type() == dtype && sn.scalar_type() == dtype && c.dim() == 2 && c.size(0) == B && c.size(1) == D &&
               sn.sizes() == c.sizes(), "DecodeLayers: cos and sin (B, D) in h's dtype");
-  const auto sl = longs(slots), bt = longs(block_tables), ln = longs(lens);
+  const auto sl = contiguous_as(slots, at::kLong), bt = contiguous_as(block_tables, at::kLong);
+  const auto ln = contiguous_as(lens, at::kLong);
   TORCH_CHECK(sl.numel() == B && bt.dim() == 2 && bt.size(0) == B && ln.numel() == B,
               "DecodeLayers: slots, block tables and lengths must have one row a sequence");
   const int64_t nb = bt.size(1);
   const int64_t* sp = sl.data_ptr<int64_t>();
   const int64_t* lp = ln.data_ptr<int64_t>();
+  const int64_t* btp = bt.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(sp[b] >= 0 && sp[b] < S, "DecodeLayers: a slot is outside the cache");
     TORCH_CHECK(lp[b] >= 0 && lp[b] <= nb * block_size, "DecodeLayers: a context length exceeds its block table");
+    for (int64_t j = 0; j * block_size < lp[b]; ++j) {
+      const int64_t block = btp[b * nb + j];
+      TORCH_CHECK(block >= 0 && (block + 1) * block_size <= S, "DecodeLayers: a block is outside the cache");
+    }
   }
   const double scale = std::pow(static_cast<double>(D), -0.5);  // as the runner computes it
   py::gil_scoped_release no_gil;  // the loop touches no Python object from here
@@ -233,7 +241,6 @@ torch::Tensor DecodeLayers::Impl::run(torch::Tensor h, const torch::Tensor& k_ca
   T* vc = v_cache.data_ptr<T>();
   const T* cp = c.data_ptr<T>();
   const T* snp = sn.data_ptr<T>();
-  const int64_t* btp = bt.data_ptr<int64_t>();
   const int64_t layer = S * Hkv * D;
   const float e = static_cast<float>(eps), sc = static_cast<float>(scale);
   for (int64_t i = 0; i < L; ++i) {

@@ -15,33 +15,20 @@ torch::Tensor mm_into(const torch::Tensor& x, const torch::Tensor& wp, int64_t N
 bool has_avx512_bf16();
 torch::Tensor pack_bf16(const torch::Tensor& w, const std::string& kind);
 torch::Tensor mm_bf16(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias);
-void mm_bf16_out(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias,
-                 const torch::Tensor& out);
 bool has_avx512_vnni();
 std::vector<torch::Tensor> pack_blocks(const torch::Tensor& codes, const torch::Tensor& d, const torch::Tensor& m,
                                        int64_t bits, int64_t pad, int64_t nr);
 torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& d, const torch::Tensor& m,
                         int64_t bits, int64_t offset, int64_t N, const torch::Tensor& bias);
-void mm_blocks_out(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& d, const torch::Tensor& m,
-                   int64_t bits, int64_t offset, int64_t N, const torch::Tensor& bias, const torch::Tensor& out);
-torch::Tensor longs(const torch::Tensor& t);
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                                const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
                                double scale);
-void decode_attention_out(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                          const torch::Tensor& block_tables, const torch::Tensor& context_lens, int64_t block_size,
-                          double scale, const torch::Tensor& out);
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
-void rms_norm_out(const torch::Tensor& x, const torch::Tensor& weight, double eps, const torch::Tensor& out);
 std::vector<torch::Tensor> rms_norm_backward(const torch::Tensor& g, const torch::Tensor& x, const torch::Tensor& weight,
                                              double eps);
 torch::Tensor rope_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                              torch::Tensor k_cache, torch::Tensor v_cache, const torch::Tensor& slots, int64_t Hq);
-void rope_and_cache_out(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& slots, int64_t Hq,
-                        const torch::Tensor& q);
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
-void swiglu_out(const torch::Tensor& gate, const torch::Tensor& up, const torch::Tensor& out);
 // Raw forms of the decode-step kernels, for a caller that checked its tensors once (DecodeLayers):
 // pointers and sizes, T float or c10::BFloat16; the tensor functions above check and call them.
 void mm_raw(const float* x, int64_t M, int64_t K, const float* w, int64_t G, int64_t nr, const float* bias, int64_t N,

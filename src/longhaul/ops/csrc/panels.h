@@ -77,14 +77,16 @@ inline torch::Tensor contiguous_as(const torch::Tensor& x, at::ScalarType dtype)
 
 // A bias (empty or (N,)) as fp32 values, or null when empty; `keep` holds a converted copy while
 // the pointer is read.
-inline const float* bias_f32(const torch::Tensor& bias, torch::Tensor& keep) {
+inline const float* bias_f32(const torch::Tensor& bias, int64_t N, torch::Tensor& keep, const char* who) {
   if (!bias.numel()) return nullptr;
+  TORCH_CHECK(bias.numel() == N, who, ": the bias must have N = ", N, " values, got ", bias.numel());
   keep = contiguous_as(bias, at::kFloat);
   return keep.data_ptr<float>();
 }
 
 // A kernel's fp32 sums y (M, N) -> out (M, N): y * scale[n] (when scale is given), then + bias[n]
-// (when given), each in fp32, then rounded once to T; in place when out is y.
+// (when given), each rounded in fp32 (the empty asm keeps the compiler from fusing the two into
+// one FMA, as torch's mul_ then add_ do not), then rounded once to T; in place when out is y.
 template <class T>
 void finish_rows(const float* y, int64_t M, int64_t N, const float* scale, const float* bias, T* out) {
   for (int64_t m = 0; m < M; ++m) {
@@ -94,12 +96,14 @@ void finish_rows(const float* y, int64_t M, int64_t N, const float* scale, const
     for (; n + 8 <= N; n += 8) {
       __m256 v = _mm256_loadu_ps(r + n);
       if (scale) v = _mm256_mul_ps(v, _mm256_loadu_ps(scale + n));
+      asm("" : "+x"(v));
       if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n));
       longhaul::store8(o + n, v);
     }
     for (; n < N; ++n) {
       float v = r[n];
       if (scale) v *= scale[n];
+      asm("" : "+x"(v));
       if (bias) v += bias[n];
       o[n] = static_cast<T>(v);
     }

@@ -153,10 +153,9 @@ void mm_bf16_raw(const at::BFloat16* x, int64_t M, int64_t K, const uint16_t* w,
   finish_rows(yp, M, N, nullptr, bias, out);
 }
 
-// x (M, K) @ packed bf16 weight -> out (M, N), a contiguous bf16 tensor; bias: empty or (N,)
-// bf16/fp32, added in fp32 before the one rounding to bf16.
-void mm_bf16_out(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias,
-                 const torch::Tensor& out) {
+// x (M, K) @ packed bf16 weight -> (M, N) bf16; bias: empty or (N,) bf16/fp32, added in fp32
+// before the one rounding to bf16.
+torch::Tensor mm_bf16(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias) {
   const bool dp = wp.dim() == 4;
   TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat),
               "mm_bf16: x must be a 2-D bf16 or fp32 CPU tensor");
@@ -165,19 +164,13 @@ void mm_bf16_out(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, con
               "mm_bf16: packed weight does not match x");
   TORCH_CHECK(N > 0 && N <= wp.size(0) * wp.size(2), "mm_bf16: N does not match the packed weight");
   TORCH_CHECK(!dp || has_avx512_bf16(), "mm_bf16: dp panels need AVX512-BF16, which this CPU lacks");
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kBFloat16 && out.dim() == 2 && out.size(0) == x.size(0) &&
-              out.size(1) == N, "mm_bf16: out must be a contiguous bf16 (M, N) tensor");
-  const int64_t M = x.size(0), K = x.size(1), G = wp.size(0);
-  if (M == 0) return;
+  const int64_t M = x.size(0), K = x.size(1);
+  auto out = torch::empty({M, N}, x.options().dtype(at::kBFloat16));
+  if (M == 0) return out;
   const auto xb = contiguous_as(x, at::kBFloat16);
   torch::Tensor keep;
-  mm_bf16_raw(xb.data_ptr<at::BFloat16>(), M, K, reinterpret_cast<const uint16_t*>(wp.data_ptr<at::BFloat16>()), dp, G, N,
-              bias_f32(bias, keep), out.data_ptr<at::BFloat16>());
-}
-
-// mm_bf16_out into a new (M, N) bf16 tensor.
-torch::Tensor mm_bf16(const torch::Tensor& x, const torch::Tensor& wp, int64_t N, const torch::Tensor& bias) {
-  auto out = torch::empty({x.dim() == 2 ? x.size(0) : 0, N}, x.options().dtype(at::kBFloat16));
-  mm_bf16_out(x, wp, N, bias, out);
+  const float* b = bias_f32(bias, N, keep, "mm_bf16");
+  mm_bf16_raw(xb.data_ptr<at::BFloat16>(), M, K, reinterpret_cast<const uint16_t*>(wp.data_ptr<at::BFloat16>()), dp,
+              wp.size(0), N, b, out.data_ptr<at::BFloat16>());
   return out;
 }

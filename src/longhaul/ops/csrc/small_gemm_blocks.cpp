@@ -260,11 +260,10 @@ template void mm_blocks_raw<at::BFloat16>(const at::BFloat16*, int64_t, int64_t,
                                           const uint16_t*, const uint16_t*, const float*, int, int, int64_t, const float*,
                                           at::BFloat16*);
 
-// x (M, K) fp32 or bf16 @ the packed blocks -> out (M, N), contiguous, of x's dtype, plus bias
-// (empty or (N,)). d: the packed group scales, or (N,) fp32 for per-channel codes (8 bits, m
-// empty), applied once.
-void mm_blocks_out(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& d, const torch::Tensor& m,
-                   int64_t bits, int64_t offset, int64_t N, const torch::Tensor& bias, const torch::Tensor& out) {
+// x (M, K) fp32 or bf16 @ the packed blocks -> (M, N) in x's dtype, plus bias (empty or (N,)). d:
+// the packed group scales, or (N,) fp32 for per-channel codes (8 bits, m empty), applied once.
+torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& d, const torch::Tensor& m,
+                        int64_t bits, int64_t offset, int64_t N, const torch::Tensor& bias) {
   TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "mm_blocks: x must be a 2-D fp32 or bf16 CPU tensor");
   TORCH_CHECK(bits == 4 || bits == 8, "mm_blocks: bits must be 4 or 8");
@@ -284,26 +283,19 @@ void mm_blocks_out(const torch::Tensor& x, const torch::Tensor& wp, const torch:
   TORCH_CHECK(m.numel() == 0 || m.sizes() == d.sizes(), "mm_blocks: m must be empty or like d");
   TORCH_CHECK(N > 0 && N <= P * nr, "mm_blocks: N does not match the packed weight");
   TORCH_CHECK(nr == NR8 || has_avx512_vnni(), "mm_blocks: 16-wide panels need AVX512-VNNI, which this CPU lacks");
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == x.scalar_type() && out.dim() == 2 && out.size(0) == M &&
-              out.size(1) == N, "mm_blocks: out must be a contiguous (M, N) tensor of x's dtype");
-  if (M == 0) return;
+  auto out = torch::empty({M, N}, x.options());
+  if (M == 0) return out;
   torch::Tensor keep, scale = per_channel ? contiguous_as(d, at::kFloat) : torch::Tensor();
   const float* sp = per_channel ? scale.data_ptr<float>() : nullptr;
   const uint16_t* dptr = per_channel ? nullptr : reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>());
   const uint16_t* mptr = m.numel() ? reinterpret_cast<const uint16_t*>(m.data_ptr<at::Half>()) : nullptr;
+  const float* bp = bias_f32(bias, N, keep, "mm_blocks");
   const auto xc = x.contiguous();
   if (x.scalar_type() == at::kFloat)
     mm_blocks_raw(xc.data_ptr<float>(), M, K, wp.data_ptr<uint8_t>(), P, nr, dptr, mptr, sp, static_cast<int>(bits),
-                  static_cast<int>(offset), N, bias_f32(bias, keep), out.data_ptr<float>());
+                  static_cast<int>(offset), N, bp, out.data_ptr<float>());
   else
     mm_blocks_raw(xc.data_ptr<at::BFloat16>(), M, K, wp.data_ptr<uint8_t>(), P, nr, dptr, mptr, sp, static_cast<int>(bits),
-                  static_cast<int>(offset), N, bias_f32(bias, keep), out.data_ptr<at::BFloat16>());
-}
-
-// mm_blocks_out into a new (M, N) tensor of x's dtype.
-torch::Tensor mm_blocks(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& d, const torch::Tensor& m,
-                        int64_t bits, int64_t offset, int64_t N, const torch::Tensor& bias) {
-  auto out = torch::empty({x.dim() == 2 ? x.size(0) : 0, N}, x.options());
-  mm_blocks_out(x, wp, d, m, bits, offset, N, bias, out);
+                  static_cast<int>(offset), N, bp, out.data_ptr<at::BFloat16>());
   return out;
 }

@@ -62,7 +62,7 @@ inline void rope_transpose(float* y, const float* c, const float* s, int64_t D) 
 // silu(gate) * up for gate, up (N, F) views (unit column stride) -> (N, F), fp32 or bf16 (bf16
 // as HF computes it in bf16: silu rounded, then the product rounded).
 template <class T>
-void swiglu_impl(const T* gp, const T* upp, T* op, int64_t N, int64_t F, int64_t gs, int64_t us) {
+void swiglu_raw(const T* gp, const T* upp, T* op, int64_t N, int64_t F, int64_t gs, int64_t us) {
   at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) {
     const __m256 one = _mm256_set1_ps(1.f);
     for (int64_t n = n0; n < n1; ++n) {
@@ -84,34 +84,21 @@ void swiglu_impl(const T* gp, const T* upp, T* op, int64_t N, int64_t F, int64_t
   });
 }
 
-// silu(gate) * up for rows of gate and up gs and us apart -> out (N, F) (DecodeLayers' raw form).
-template <class T>
-void swiglu_raw(const T* gate, const T* up, T* out, int64_t N, int64_t F, int64_t gs, int64_t us) {
-  swiglu_impl(gate, up, out, N, F, gs, us);
-}
 template void swiglu_raw<float>(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
 template void swiglu_raw<bf16>(const bf16*, const bf16*, bf16*, int64_t, int64_t, int64_t, int64_t);
 
-// silu(gate) * up into out (N, F), contiguous, of their dtype.
-void swiglu_out(const torch::Tensor& gate, const torch::Tensor& up, const torch::Tensor& out) {
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
   TORCH_CHECK(gate.dim() == 2 && up.dim() == 2 && gate.stride(1) == 1 && up.stride(1) == 1 &&
               (gate.scalar_type() == at::kFloat || gate.scalar_type() == at::kBFloat16) &&
               up.scalar_type() == gate.scalar_type(),
               "swiglu: gate and up must be 2-D fp32 or bf16 views of one dtype with unit stride in the last dim");
   TORCH_CHECK(gate.sizes() == up.sizes(), "swiglu: gate and up differ in shape");
-  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == gate.scalar_type() && out.sizes() == gate.sizes(),
-              "swiglu: out must be contiguous, of gate's shape and dtype");
   const int64_t N = gate.size(0), F = gate.size(1), gs = gate.stride(0), us = up.stride(0);
+  auto out = torch::empty({N, F}, gate.options());
   if (gate.scalar_type() == at::kFloat)
-    swiglu_impl(gate.data_ptr<float>(), up.data_ptr<float>(), out.data_ptr<float>(), N, F, gs, us);
+    swiglu_raw(gate.data_ptr<float>(), up.data_ptr<float>(), out.data_ptr<float>(), N, F, gs, us);
   else
-    swiglu_impl(gate.data_ptr<bf16>(), up.data_ptr<bf16>(), out.data_ptr<bf16>(), N, F, gs, us);
-}
-
-torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
-  TORCH_CHECK(gate.dim() == 2, "swiglu: gate and up must be 2-D fp32 or bf16 views of one dtype with unit stride in the last dim");
-  auto out = torch::empty({gate.size(0), gate.size(1)}, gate.options().memory_format(at::MemoryFormat::Contiguous));
-  swiglu_out(gate, up, out);
+    swiglu_raw(gate.data_ptr<bf16>(), up.data_ptr<bf16>(), out.data_ptr<bf16>(), N, F, gs, us);
   return out;
 }
 
