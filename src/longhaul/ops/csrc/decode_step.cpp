@@ -202,7 +202,8 @@ torch::Tensor DecodeLayers::Impl::run(torch::Tensor h, const torch::Tensor& k_ca
               "DecodeLayers: a contiguous cache of one entry per layer, in h's dtype");
   const int64_t B = h.size(0), S = k_cache.size(1), Hkv = k_cache.size(2), D = k_cache.size(3), H = Hq + 2 * Hkv;
   if (B == 0) return h.clone();
-  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0 && D % 2 == 0, "DecodeLayers: head counts or head size do not fit the cache");
+  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0 && D % 2 == 0 && block_size > 0,
+              "DecodeLayers: head counts, head size or block size do not fit the cache");
   for (const Layer& l : layers)
     TORCH_CHECK(l.qkv.N == H * D && l.o.K == Hq * D, "DecodeLayers: a layer's widths do not match the heads");
   const auto c = cos.contiguous(), sn = sin.contiguous();
@@ -226,7 +227,7 @@ torch::Tensor DecodeLayers::Impl::run(torch::Tensor h, const torch::Tensor& k_ca
   }
   const double scale = std::pow(static_cast<double>(D), -0.5);  // as the runner computes it
   py::gil_scoped_release no_gil;  // the loop touches no Python object from here
-  h = h.contiguous().clone();
+  h = h.clone(at::MemoryFormat::Contiguous);
   // one buffer a result, shared by the layers
   auto buf = torch::empty({B * (2 * E + H * D + 2 * Hq * D + 3 * F)}, h.options());
   T* hp = h.data_ptr<T>();
