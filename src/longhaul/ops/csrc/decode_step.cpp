@@ -89,7 +89,7 @@ Linear linear_of(const py::tuple& t) {
   }
   if (l.bias.numel()) {
     TORCH_CHECK(l.bias.numel() == l.N, "DecodeLayers: a bias must have N values");
-    l.bias = l.bias.to(at::kFloat).contiguous(), l.biasp = l.bias.data_ptr<float>();
+    l.bias = contiguous_as(l.bias, at::kFloat), l.biasp = l.bias.data_ptr<float>();
   }
   if (l.kind == Kind::bf16) {
     l.dp = l.w.dim() == 4;
@@ -172,6 +172,9 @@ DecodeLayers::DecodeLayers(const py::list& layers) : impl_(std::make_shared<Impl
                   "DecodeLayers: an fp32 weight needs fp32 norms and a bf16 weight bf16 ones");
     TORCH_CHECK(L.qkv.K == im.E && L.gate_up.K == im.E && L.o.N == im.E && L.down.N == im.E && L.gate_up.N % 2 == 0 &&
                 L.down.K == L.gate_up.N / 2, "DecodeLayers: a layer's widths do not chain");
+    // a step's buffers hold one layer's attention widths: every layer has the first one's
+    TORCH_CHECK(L.qkv.N == im.layers[0].qkv.N && L.o.K == im.layers[0].o.K,
+                "DecodeLayers: the layers' attention widths differ");
     im.F = std::max(im.F, L.gate_up.N / 2);
   }
 }
@@ -204,8 +207,7 @@ torch::Tensor DecodeLayers::Impl::run(torch::Tensor h, const torch::Tensor& k_ca
   if (B == 0) return h.clone();
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0 && D % 2 == 0 && block_size > 0,
               "DecodeLayers: head counts, head size or block size do not fit the cache");
-  for (const Layer& l : layers)
-    TORCH_CHECK(l.qkv.N == H * D && l.o.K == Hq * D, "DecodeLayers: a layer's widths do not match the heads");
+  TORCH_CHECK(layers[0].qkv.N == H * D && layers[0].o.K == Hq * D, "DecodeLayers: the layers' widths do not match the heads");
   const auto c = cos.contiguous(), sn = sin.contiguous();
   TORCH_CHECK(c.scalar_type() == dtype && sn.scalar_type() == dtype && c.dim() == 2 && c.size(0) == B && c.size(1) == D &&
               sn.sizes() == c.sizes(), "DecodeLayers: cos and sin (B, D) in h's dtype");

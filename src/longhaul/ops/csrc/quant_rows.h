@@ -10,8 +10,6 @@
 #include <cstdint>
 #include <vector>
 
-#include <torch/extension.h>
-
 #include "bf16.h"
 #include "vec_math.h"
 
@@ -85,17 +83,6 @@ inline void quantize_rows(const T* x, int64_t M, int64_t K, QuantRows& out) {
       out.s[m * out.groups + g] = amax / 127.f;
       out.sum[m * out.groups + g] = total;
     }
-}
-
-// x (M, K) fp32 or bf16 CPU (checked by the caller) on the grid, into `out` (its buffers reused:
-// a decode step quantizes the input of every linear, and fresh buffers each time cost more than
-// the rounding).
-inline void quantize_input(const torch::Tensor& x, QuantRows& out) {
-  const auto xc = x.contiguous();
-  if (xc.scalar_type() == at::kFloat)
-    quantize_rows(xc.data_ptr<float>(), xc.size(0), xc.size(1), out);
-  else
-    quantize_rows(xc.data_ptr<bf16>(), xc.size(0), xc.size(1), out);
 }
 
 }  // namespace longhaul
