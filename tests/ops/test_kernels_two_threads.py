@@ -83,3 +83,13 @@ def test_native_decode_step_on_two_threads_equals_the_python_layers(native, two_
     runner.kv.k.zero_(), runner.kv.v.zero_()
     plain = _steps(runner, False)
     assert torch.equal(fused, plain), (fused - plain).abs().max()
+
+
+@pytest.mark.parametrize("dtype,quant", [("bfloat16", None), ("float32", "int8"), ("bfloat16", "q4_0")])
+def test_whole_decode_step_on_two_threads_equals_forward_then_sample(native, two_threads, dtype, quant):
+    """The whole step's head, logits and per-row draws on two threads: tokens and log-probabilities
+    equal the runner's forward and `sampling.sample` on the same two, bit for bit."""
+    from tests.ops.test_decode_sample import whole_equals_general
+
+    assert torch.get_num_threads() == 2
+    whole_equals_general("tiny-llama", dtype, quant)

@@ -48,9 +48,9 @@ from longhaul.inference.outputs import RequestOutput, output_of
 from longhaul.inference.gguf_weights import gguf_packer, read_blocks
 from longhaul.inference.quant import quantize_linear
 from longhaul.inference.quant_blocks import BlockLinear
-from longhaul.inference.sampling import SamplingParams, sample
+from longhaul.inference.sampling import SamplingParams, by_temperature_only, sample
 from longhaul.inference.scheduler import Scheduler
-from longhaul.inference.sequence import Sequence
+from longhaul.inference.sequence import Sequence, detokenizer
 from longhaul.inference.spec_worker import SpecDecoder, SpeculativeConfig
 from longhaul.inference.threads import ThreadGovernor
 from longhaul.models import gguf_file, load_policy
@@ -192,6 +192,10 @@ class LLMEngine:
         """Forward and sample one scheduled batch (under the step lock)."""
         if self.spec is not None:
             return self.spec.step(batch)
+        if all(n == 1 for n in batch.num_new_tokens):
+            done = self._run_whole(batch)
+            if done is not None:
+                return done
         items = []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             c = seq.num_computed_tokens
@@ -204,14 +208,39 @@ class LLMEngine:
         if not sampling:
             return []
         res = sample(logits, [s.params for s in sampling], [s.generator for s in sampling], [s.banned_tokens() for s in sampling])
-        for b, seq in enumerate(sampling):
+        return self._append(sampling, res.token_ids, res.logprobs, res.top_logprobs)
+
+    def _run_whole(self, batch) -> list[Sequence] | None:
+        """A batch of one new token a sequence, each drawn with its temperature alone, in the
+        runner's one native call (`ModelRunner.decode_sample`); None where it needs the general
+        path. At batch 1 the general path's Python and torch calls between two weight streams
+        cost several percent of a token."""
+        seqs = batch.seqs
+        if not all(by_temperature_only(s.params) and not s.banned_tokens() for s in seqs):
+            return None
+        items = [BatchItem(s.token_ids[s.num_computed_tokens:s.num_computed_tokens + 1], s.num_computed_tokens, s.block_table,
+                           1, s.lora) for s in seqs if s.num_computed_tokens + 1 == s.num_tokens]
+        if len(items) != len(seqs):
+            return None
+        res = self.runner.decode_sample(items, [s.params.temperature for s in seqs], [s.generator for s in seqs])
+        if res is None:
+            return None
+        for seq in seqs:
+            seq.num_computed_tokens += 1
+            self.block_manager.cache_blocks(seq)
+        return self._append(seqs, res[0], res[1], [None] * len(seqs))
+
+    def _append(self, seqs: list[Sequence], tokens: list[int], logprobs: list[float], top: list) -> list[Sequence]:
+        """Record each sequence's sampled token; finished ones leave the scheduler."""
+        tok = detokenizer(self.tokenizer)
+        for b, seq in enumerate(seqs):
             if seq.num_output_tokens == 0:
                 self.prompt_tokens_total += seq.num_prompt_tokens
-            seq.append_token(res.token_ids[b], res.logprobs[b], res.top_logprobs[b], self.weight_version, self.tokenizer)
+            seq.append_token(tokens[b], logprobs[b], top[b], self.weight_version, tok)
             self.generation_tokens_total += 1
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq, seq.finish_reason)
-        return sampling
+        return seqs
 
     def generate(self, prompts: list[str] | list[list[int]], params: SamplingParams | list[SamplingParams] | None = None
                  ) -> list[RequestOutput]:

@@ -54,7 +54,8 @@ import torch.nn.functional as F
 from longhaul.errors import LonghaulError
 from longhaul.inference.kv_cache import KVCache
 from longhaul.ops.kernels import native
-from longhaul.ops.linear import PackedLinear, SmallBatchLinear, SmallBatchLinearBF16, linear, native_layers, pack
+from longhaul.ops.linear import (PackedLinear, SmallBatchLinear, SmallBatchLinearBF16, linear, native_description, native_layers,
+                                 pack)
 from longhaul.ops.rope import Rope, apply_rope
 
 SUPPORTED = ("llama", "qwen2")
@@ -203,9 +204,25 @@ class ModelRunner:
         self._lm_head = head_packer(self.lm_head, None)[0]
         described = native_layers(self._exec) if self.native is not None else None
         # (the layers parsed once for one-call decode steps, the most rows every linear takes natively)
-        self._native_layers = (self.native.DecodeLayers(described[0]), described[1]) if described is not None else None
+        self._native_layers = None
+        if described is not None:
+            head, rows = self._native_head(), described[1]
+            if head is not None:
+                rows = min(rows, head[1])
+                head = (self.embed, self.norm, head[0], *self.rope.tables)
+            self._native_layers = (self.native.DecodeLayers(described[0], head), rows)
         if self._lean:
             self._drop()
+
+    def _native_head(self):
+        """The LM head described for `DecodeLayers` when whole decode steps can run natively (the
+        embedding and final norm in the runner's dtype, the tables on the CPU), with the most rows
+        it takes there; else None."""
+        if self.embed.dtype != self.dtype or self.norm is None or self.norm.dtype != self.dtype:
+            return None
+        if self.rope.tables[0].device.type != "cpu":
+            return None
+        return native_description(self._lm_head)
 
     def drop_plain(self) -> int:
         """Keep only the packed form of each projection whose packing can be read back exactly
@@ -396,6 +413,29 @@ class ModelRunner:
                             owners, lora)
 
     # ---- forward -------------------------------------------------------------------------
+    @torch.no_grad()
+    def decode_sample(self, items: list[BatchItem], temperatures: list[float], generators: list[torch.Generator]
+                      ) -> tuple[list[int], list[float]] | None:
+        """A step of one-token items run whole in one native call, from their tokens to the next:
+        each item's token is drawn at its temperature (0: greedy) with one uniform from its
+        generator, as `forward` and then `sampling.sample` with nothing but the temperature would
+        draw it, bit for bit. Returns (tokens, their log-probabilities), or None where the step
+        needs `forward`: a chunk of prompt, a LoRA adapter, a recorder, more rows than the native
+        kernels take, a position past the RoPE tables, a quantized cache."""
+        whole = self._native_layers
+        if whole is None or not whole[0].has_head or not self.fused_step or self.recorder is not None \
+                or len(items) > whole[1] or not self._native_cache():
+            return None
+        ids, positions, tables = [], [], []
+        for it in items:
+            if len(it.token_ids) != 1 or it.num_logits != 1 or it.lora or it.start >= self.rope.max_positions:
+                return None
+            ids.append(it.token_ids[0])
+            positions.append(it.start)
+            tables.append(it.block_table)
+        return whole[0].sample(ids, positions, tables, self.kv.k, self.kv.v, self.kv.block_size, self.num_heads, self.eps,
+                               temperatures, generators)
+
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Run the batch, write its K/V to the cache; return float32 logits (S, V) at

@@ -130,6 +130,14 @@ def process_logits(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     return logits
 
 
+def by_temperature_only(p: SamplingParams) -> bool:
+    """Whether p's token is drawn with nothing but its temperature (greedy, or no min-p, top-k or
+    top-p) and returns no top logprobs and the processed logprob: what the runner's whole native
+    step (`ModelRunner.decode_sample`) samples."""
+    return (p.greedy or (p.min_p == 0 and p.top_k == 0 and p.top_p == 1)) and not p.logprobs \
+        and p.logprobs_mode == "processed"
+
+
 def uniforms(generators: list[torch.Generator]) -> torch.Tensor:
     """(B,) float64 uniforms in [0, 1), one from each row's generator."""
     return torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])

@@ -20,6 +20,16 @@ import torch
 from longhaul.inference.sampling import SamplingParams
 
 
+def detokenizer(tok):
+    """What `Sequence.append_token` decodes with: a fast HF tokenizer's own Rust tokenizer where
+    the HF wrapper would only pass the call on (it cleans up no spaces), else tok itself. The
+    wrapper's Python costs more than the decode between two weight streams."""
+    raw = getattr(tok, "_tokenizer", None)
+    if raw is not None and callable(getattr(raw, "decode", None)) and getattr(tok, "clean_up_tokenization_spaces", True) is False:
+        return raw
+    return tok
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"

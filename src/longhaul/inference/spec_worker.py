@@ -38,7 +38,7 @@ from longhaul.inference.block_manager import BlockManager
 from longhaul.inference.kv_cache import KVCache
 from longhaul.inference.model_runner import BatchItem, ModelRunner
 from longhaul.inference.sampling import process_logits, sample_from
-from longhaul.inference.sequence import Status
+from longhaul.inference.sequence import Status, detokenizer
 from longhaul.inference.spec_decode import NgramProposer, SpecCounters, rejection_sample
 from longhaul.models import load_policy
 
@@ -242,7 +242,7 @@ class SpecDecoder:
         svs = [seqs[b] for b in sampling]
         out, n_acc, chosen, tops = self._verify(logits, svs, [drafts[b] for b in sampling],
                                                 None if q is None else q[sampling])
-        at = 0
+        at, tok = 0, detokenizer(eng.tokenizer)
         for r, (b, seq) in enumerate(zip(sampling, svs)):
             if ks[b]:  # keep the last token and the accepted drafts; also frees unused blocks
                 eng.truncate(seq.request_id, starts[b] + n_acc[r])
@@ -251,7 +251,7 @@ class SpecDecoder:
             if seq.num_output_tokens == 0:
                 eng.prompt_tokens_total += seq.num_prompt_tokens
             for j in range(n_acc[r] + 1):
-                seq.append_token(out[r][j], chosen[at + j], tops[at + j], eng.weight_version, eng.tokenizer)
+                seq.append_token(out[r][j], chosen[at + j], tops[at + j], eng.weight_version, tok)
                 eng.generation_tokens_total += 1
                 if seq.finish_reason is not None:
                     eng.scheduler.finish(seq, seq.finish_reason)

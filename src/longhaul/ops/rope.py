@@ -187,6 +187,12 @@ class Rope:
         positions = torch.arange(self.max_positions, device=device)
         self._cos, self._sin = _cos_sin(positions, self.inv_freq, self.attention_scaling)  # (P, D) each
 
+    @property
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (max_positions, D) float32: the rows `cos_sin` reads for positions below
+        max_positions."""
+        return self._cos, self._sin
+
     def cos_sin(self, positions: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (N,) -> cos (N, D), sin (N, D), float32, on positions' device."""
         if self._cos.device != positions.device:

@@ -12,11 +12,21 @@
 // the residual adds are plain loops. Between two weight streams every line of a tensor's metadata
 // is a miss to memory, and a tensor allocation or a torch op's dispatch costs about a
 // microsecond: at ~12 ops a layer they came to a few percent of a batch-1 token.
+//
+// Given the model's head, `sample` runs the rest of the step too: the embedding and the RoPE
+// rows, the final norm, the LM head, the temperature and the draw from each sequence's generator,
+// returning plain token ids and log-probabilities. Between the runner, the sampler and the
+// engine's bookkeeping, the Python and torch calls of a step around the layers cost several
+// percent more of a batch-1 token, most of it in misses to lines the weight stream evicted.
 
 #include <torch/extension.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/DistributionsHelper.h>
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -135,21 +145,55 @@ void add_rows(T* h, const T* y, int64_t n) {
   for (; i < n; ++i) h[i] = static_cast<T>(longhaul::to_f(h[i]) + longhaul::to_f(y[i]));
 }
 
+// Where a step's layers read and write the cache: pointers and sizes checked by `check_step`.
+struct Step {
+  void *kc = nullptr, *vc = nullptr;
+  const void *cos = nullptr, *sin = nullptr;
+  const int64_t *slots = nullptr, *tables = nullptr, *lens = nullptr;
+  int64_t B = 0, S = 0, Hq = 0, Hkv = 0, D = 0, nb = 0, block_size = 0;
+  float eps = 0.f, scale = 0.f;
+};
+
+// The model's ends for whole steps: the embedding (V, E), the final norm, the LM head and the
+// RoPE tables (P, D) in fp32, as the runner keeps them.
+struct Head {
+  torch::Tensor embed, norm, cos, sin;
+  Linear lm;
+};
+
+// A uniform in [0, 1) from a CPU generator, the value `torch.rand(1, dtype=torch.float64,
+// generator=g)` returns (one 64-bit draw, 53 bits of it), under the generator's lock.
+double uniform(at::Generator& g) {
+  auto* gen = at::check_generator<at::CPUGeneratorImpl>(g);
+  std::lock_guard<std::mutex> lock(gen->mutex_);
+  return at::uniform_real_distribution<double>(0.0, 1.0)(gen);
+}
+
 }  // namespace
 
 struct DecodeLayers::Impl {
   std::vector<Layer> layers;
+  std::unique_ptr<Head> head;
   at::ScalarType dtype = at::kFloat;  // of the norms, the activations and the cache
   int64_t E = 0, F = 0;               // hidden width; the widest SwiGLU
 
+  Step check(int64_t B, const torch::Tensor& k_cache, const torch::Tensor& v_cache, const int64_t* slots,
+             const int64_t* tables, const int64_t* lens, int64_t nb, int64_t block_size, int64_t Hq, double eps) const;
+  template <class T>
+  void forward(const Step& st, T* h) const;
   template <class T>
   torch::Tensor run(torch::Tensor h, const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& cos,
                     const torch::Tensor& sin, const torch::Tensor& slots, const torch::Tensor& block_tables,
                     const torch::Tensor& lens, int64_t block_size, int64_t Hq, double eps) const;
+  template <class T>
+  void sample(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, const Step& st,
+              const std::vector<double>& temperatures, const std::vector<double>& u, int64_t* tokens,
+              double* logprobs) const;
 };
 
-// layers: per layer (ln1, qkv, o, ln2, gate_up, down) with each linear as `Linear` above.
-DecodeLayers::DecodeLayers(const py::list& layers) : impl_(std::make_shared<Impl>()) {
+// layers: per layer (ln1, qkv, o, ln2, gate_up, down) with each linear as `Linear` above; head:
+// None or (embed (V, E), norm (E,), the LM head as a linear, cos (P, D), sin (P, D)).
+DecodeLayers::DecodeLayers(const py::list& layers, const py::object& head) : impl_(std::make_shared<Impl>()) {
   auto& im = *impl_;
   im.layers.reserve(layers.size());
   for (const auto& item : layers) {
@@ -163,13 +207,13 @@ DecodeLayers::DecodeLayers(const py::list& layers) : impl_(std::make_shared<Impl
   im.dtype = im.layers[0].ln1.scalar_type();
   im.E = im.layers[0].ln1.numel();
   TORCH_CHECK(im.dtype == at::kFloat || im.dtype == at::kBFloat16, "DecodeLayers: the norms must be fp32 or bf16");
+  const auto fits = [&](const Linear& l) { return l.kind == Kind::blocks || (l.kind == Kind::fp32) == (im.dtype == at::kFloat); };
   for (Layer& L : im.layers) {
     L.n1 = L.ln1.data_ptr(), L.n2 = L.ln2.data_ptr();
     for (const auto* ln : {&L.ln1, &L.ln2})
       TORCH_CHECK(ln->scalar_type() == im.dtype && ln->numel() == im.E, "DecodeLayers: the norms differ in dtype or width");
     for (const Linear* l : {&L.qkv, &L.o, &L.gate_up, &L.down})
-      TORCH_CHECK(l->kind == Kind::blocks || (l->kind == Kind::fp32) == (im.dtype == at::kFloat),
-                  "DecodeLayers: an fp32 weight needs fp32 norms and a bf16 weight bf16 ones");
+      TORCH_CHECK(fits(*l), "DecodeLayers: an fp32 weight needs fp32 norms and a bf16 weight bf16 ones");
     TORCH_CHECK(L.qkv.K == im.E && L.gate_up.K == im.E && L.o.N == im.E && L.down.N == im.E && L.gate_up.N % 2 == 0 &&
                 L.down.K == L.gate_up.N / 2, "DecodeLayers: a layer's widths do not chain");
     // a step's buffers hold one layer's attention widths: every layer has the first one's
@@ -177,9 +221,93 @@ DecodeLayers::DecodeLayers(const py::list& layers) : impl_(std::make_shared<Impl
                 "DecodeLayers: the layers' attention widths differ");
     im.F = std::max(im.F, L.gate_up.N / 2);
   }
+  if (head.is_none()) return;
+  const auto t = head.cast<py::tuple>();
+  TORCH_CHECK(t.size() == 5, "DecodeLayers: a head is (embed, norm, LM head, cos, sin)");
+  auto h = std::make_unique<Head>();
+  h->embed = t[0].cast<torch::Tensor>().contiguous();
+  h->norm = t[1].cast<torch::Tensor>().contiguous();
+  h->lm = linear_of(t[2].cast<py::tuple>());
+  h->cos = t[3].cast<torch::Tensor>().contiguous();
+  h->sin = t[4].cast<torch::Tensor>().contiguous();
+  TORCH_CHECK(h->embed.dim() == 2 && h->embed.size(1) == im.E && h->embed.scalar_type() == im.dtype && h->embed.size(0) > 0,
+              "DecodeLayers: the embedding must be (V, E) in the norms' dtype");
+  TORCH_CHECK(h->norm.numel() == im.E && h->norm.scalar_type() == im.dtype, "DecodeLayers: the final norm must be (E,) in "
+              "the norms' dtype");
+  TORCH_CHECK(fits(h->lm) && h->lm.K == im.E, "DecodeLayers: the LM head must take E inputs in the layers' format");
+  TORCH_CHECK(h->cos.dim() == 2 && h->cos.scalar_type() == at::kFloat && h->sin.sizes() == h->cos.sizes() &&
+              h->sin.scalar_type() == at::kFloat, "DecodeLayers: the RoPE tables must be (P, D) fp32");
+  im.head = std::move(h);
 }
 
 int64_t DecodeLayers::size() const { return static_cast<int64_t>(impl_->layers.size()); }
+bool DecodeLayers::has_head() const { return impl_->head != nullptr; }
+
+// The cache and a step's indices, checked once: slots, lengths and every block a context covers.
+Step DecodeLayers::Impl::check(int64_t B, const torch::Tensor& k_cache, const torch::Tensor& v_cache, const int64_t* slots,
+                               const int64_t* tables, const int64_t* lens, int64_t nb, int64_t block_size, int64_t Hq,
+                               double eps) const {
+  const int64_t L = static_cast<int64_t>(layers.size());
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(0) == L && k_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
+              v_cache.is_contiguous() && k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype,
+              "DecodeLayers: a contiguous cache of one entry per layer, in h's dtype");
+  Step st;
+  st.B = B, st.S = k_cache.size(1), st.Hkv = k_cache.size(2), st.D = k_cache.size(3), st.Hq = Hq;
+  st.nb = nb, st.block_size = block_size, st.slots = slots, st.tables = tables, st.lens = lens;
+  st.kc = k_cache.data_ptr(), st.vc = v_cache.data_ptr();
+  TORCH_CHECK(st.Hkv > 0 && Hq % st.Hkv == 0 && st.D % 2 == 0 && block_size > 0,
+              "DecodeLayers: head counts, head size or block size do not fit the cache");
+  TORCH_CHECK(layers[0].qkv.N == (Hq + 2 * st.Hkv) * st.D && layers[0].o.K == Hq * st.D,
+              "DecodeLayers: the layers' widths do not match the heads");
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(slots[b] >= 0 && slots[b] < st.S, "DecodeLayers: a slot is outside the cache");
+    TORCH_CHECK(lens[b] >= 0 && lens[b] <= nb * block_size, "DecodeLayers: a context length exceeds its block table");
+    for (int64_t j = 0; j * block_size < lens[b]; ++j) {
+      const int64_t block = tables[b * nb + j];
+      TORCH_CHECK(block >= 0 && (block + 1) * block_size <= st.S, "DecodeLayers: a block is outside the cache");
+    }
+  }
+  st.eps = static_cast<float>(eps);
+  st.scale = static_cast<float>(std::pow(static_cast<double>(st.D), -0.5));  // as the runner computes it
+  return st;
+}
+
+// Every layer over h (B, E) in place; st.cos and st.sin hold (B, D) of T.
+template <class T>
+void DecodeLayers::Impl::forward(const Step& st, T* hp) const {
+  const int64_t B = st.B, Hq = st.Hq, Hkv = st.Hkv, D = st.D, H = Hq + 2 * Hkv;
+  // one buffer a result, shared by the layers
+  auto buf = torch::empty({B * (2 * E + H * D + 2 * Hq * D + 3 * F)}, torch::TensorOptions().dtype(dtype));
+  T* xn = buf.data_ptr<T>();
+  T* proj = xn + B * E;
+  T* qkv = proj + B * E;
+  T* q = qkv + B * H * D;
+  T* att = q + B * Hq * D;
+  T* gu = att + B * Hq * D;
+  T* act = gu + 2 * B * F;
+  T* kc = static_cast<T*>(st.kc);
+  T* vc = static_cast<T*>(st.vc);
+  const T* cp = static_cast<const T*>(st.cos);
+  const T* snp = static_cast<const T*>(st.sin);
+  const int64_t layer = st.S * Hkv * D;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const Layer& l = layers[i];
+    const int64_t f = l.gate_up.N / 2;
+    T* lk = kc + i * layer;
+    T* lv = vc + i * layer;
+    rms_norm_raw(hp, static_cast<const T*>(l.n1), xn, B, E, st.eps);
+    l.qkv(xn, B, qkv);
+    rope_and_cache_raw(qkv, cp, snp, q, lk, lv, st.slots, B, Hq, Hkv, D);
+    decode_attention_raw(q, lk, lv, st.tables, st.lens, att, B, Hq, Hkv, D, st.nb, st.block_size, st.scale);
+    l.o(att, B, proj);
+    add_rows(hp, proj, B * E);
+    rms_norm_raw(hp, static_cast<const T*>(l.n2), xn, B, E, st.eps);
+    l.gate_up(xn, B, gu);
+    swiglu_raw(gu, gu + f, act, B, f, 2 * f, 2 * f);
+    l.down(act, B, proj);
+    add_rows(hp, proj, B * E);
+  }
+}
 
 // h (B, E): the step's hidden states after the embedding, one token a sequence; k_cache, v_cache
 // (layers, slots, Hkv, D); cos, sin (B, D); slots (B,); block_tables (B, nb); lens (B,) with this
@@ -198,70 +326,124 @@ torch::Tensor DecodeLayers::Impl::run(torch::Tensor h, const torch::Tensor& k_ca
                                       const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& slots,
                                       const torch::Tensor& block_tables, const torch::Tensor& lens, int64_t block_size,
                                       int64_t Hq, double eps) const {
-  const int64_t L = static_cast<int64_t>(layers.size());
   TORCH_CHECK(h.dim() == 2 && h.size(1) == E && h.scalar_type() == dtype, "DecodeLayers: h must be (B, E) of the norms' dtype");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(0) == L && k_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
-              v_cache.is_contiguous() && k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype,
-              "DecodeLayers: a contiguous cache of one entry per layer, in h's dtype");
-  const int64_t B = h.size(0), S = k_cache.size(1), Hkv = k_cache.size(2), D = k_cache.size(3), H = Hq + 2 * Hkv;
-  if (B == 0) return h.clone();
-  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0 && D % 2 == 0 && block_size > 0,
-              "DecodeLayers: head counts, head size or block size do not fit the cache");
-  TORCH_CHECK(layers[0].qkv.N == H * D && layers[0].o.K == Hq * D, "DecodeLayers: the layers' widths do not match the heads");
-  const auto c = cos.contiguous(), sn = sin.contiguous();
-  TORCH_CHECK(c.scalar_type() == dtype && sn.scalar_type() == dtype && c.dim() == 2 && c.size(0) == B && c.size(1) == D &&
-              sn.sizes() == c.sizes(), "DecodeLayers: cos and sin (B, D) in h's dtype");
+  const int64_t B = h.size(0);
   const auto sl = contiguous_as(slots, at::kLong), bt = contiguous_as(block_tables, at::kLong);
   const auto ln = contiguous_as(lens, at::kLong);
   TORCH_CHECK(sl.numel() == B && bt.dim() == 2 && bt.size(0) == B && ln.numel() == B,
               "DecodeLayers: slots, block tables and lengths must have one row a sequence");
-  const int64_t nb = bt.size(1);
-  const int64_t* sp = sl.data_ptr<int64_t>();
-  const int64_t* lp = ln.data_ptr<int64_t>();
-  const int64_t* btp = bt.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(sp[b] >= 0 && sp[b] < S, "DecodeLayers: a slot is outside the cache");
-    TORCH_CHECK(lp[b] >= 0 && lp[b] <= nb * block_size, "DecodeLayers: a context length exceeds its block table");
-    for (int64_t j = 0; j * block_size < lp[b]; ++j) {
-      const int64_t block = btp[b * nb + j];
-      TORCH_CHECK(block >= 0 && (block + 1) * block_size <= S, "DecodeLayers: a block is outside the cache");
-    }
-  }
-  const double scale = std::pow(static_cast<double>(D), -0.5);  // as the runner computes it
+  Step st = check(B, k_cache, v_cache, sl.data_ptr<int64_t>(), bt.data_ptr<int64_t>(), ln.data_ptr<int64_t>(), bt.size(1),
+                  block_size, Hq, eps);
+  if (B == 0) return h.clone();
+  const auto c = cos.contiguous(), sn = sin.contiguous();
+  TORCH_CHECK(c.scalar_type() == dtype && sn.scalar_type() == dtype && c.dim() == 2 && c.size(0) == B && c.size(1) == st.D &&
+              sn.sizes() == c.sizes(), "DecodeLayers: cos and sin (B, D) in h's dtype");
+  st.cos = c.data_ptr(), st.sin = sn.data_ptr();
   py::gil_scoped_release no_gil;  // the loop touches no Python object from here
   h = h.clone(at::MemoryFormat::Contiguous);
-  // one buffer a result, shared by the layers
-  auto buf = torch::empty({B * (2 * E + H * D + 2 * Hq * D + 3 * F)}, h.options());
-  T* hp = h.data_ptr<T>();
-  T* xn = buf.data_ptr<T>();
-  T* proj = xn + B * E;
-  T* qkv = proj + B * E;
-  T* q = qkv + B * H * D;
-  T* att = q + B * Hq * D;
-  T* gu = att + B * Hq * D;
-  T* act = gu + 2 * B * F;
-  T* kc = k_cache.data_ptr<T>();
-  T* vc = v_cache.data_ptr<T>();
-  const T* cp = c.data_ptr<T>();
-  const T* snp = sn.data_ptr<T>();
-  const int64_t layer = S * Hkv * D;
-  const float e = static_cast<float>(eps), sc = static_cast<float>(scale);
-  for (int64_t i = 0; i < L; ++i) {
-    const Layer& l = layers[i];
-    const int64_t f = l.gate_up.N / 2;
-    T* lk = kc + i * layer;
-    T* lv = vc + i * layer;
-    rms_norm_raw(hp, static_cast<const T*>(l.n1), xn, B, E, e);
-    l.qkv(xn, B, qkv);
-    rope_and_cache_raw(qkv, cp, snp, q, lk, lv, sp, B, Hq, Hkv, D);
-    decode_attention_raw(q, lk, lv, btp, lp, att, B, Hq, Hkv, D, nb, block_size, sc);
-    l.o(att, B, proj);
-    add_rows(hp, proj, B * E);
-    rms_norm_raw(hp, static_cast<const T*>(l.n2), xn, B, E, e);
-    l.gate_up(xn, B, gu);
-    swiglu_raw(gu, gu + f, act, B, f, 2 * f, 2 * f);
-    l.down(act, B, proj);
-    add_rows(hp, proj, B * E);
-  }
+  forward(st, h.data_ptr<T>());
   return h;
+}
+
+// ids, positions (B,): each sequence's token and its position; block_tables: each sequence's
+// blocks; temperatures (B,): 0 for greedy; generators (B,): each sequence's, drawn once where its
+// temperature is positive, in row order (as `sampling.uniforms`). Returns each sequence's
+// sampled token and its log-probability under the distribution it was sampled from.
+std::pair<std::vector<int64_t>, std::vector<double>> DecodeLayers::sample(
+    const std::vector<int64_t>& ids, const std::vector<int64_t>& positions,
+    const std::vector<std::vector<int64_t>>& block_tables, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+    int64_t block_size, int64_t Hq, double eps, const std::vector<double>& temperatures,
+    std::vector<at::Generator> generators) const {
+  const Impl& im = *impl_;
+  TORCH_CHECK(im.head, "DecodeLayers.sample: built without the model's head");
+  const int64_t B = static_cast<int64_t>(ids.size());
+  TORCH_CHECK(positions.size() == ids.size() && block_tables.size() == ids.size() && temperatures.size() == ids.size() &&
+              generators.size() == ids.size(), "DecodeLayers.sample: one position, block table, temperature and "
+              "generator a sequence");
+  const int64_t V = im.head->embed.size(0), P = im.head->cos.size(0);
+  int64_t nb = 1;
+  for (const auto& t : block_tables) nb = std::max<int64_t>(nb, static_cast<int64_t>(t.size()));
+  std::vector<int64_t> tables(B * nb, 0), slots(B), lens(B);
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(ids[b] >= 0 && ids[b] < V, "DecodeLayers.sample: a token id is outside the vocabulary");
+    TORCH_CHECK(positions[b] >= 0 && positions[b] < P, "DecodeLayers.sample: a position is past the RoPE tables");
+    TORCH_CHECK(temperatures[b] >= 0, "DecodeLayers.sample: a temperature is negative");
+    std::copy(block_tables[b].begin(), block_tables[b].end(), tables.begin() + b * nb);
+    const int64_t p = positions[b], j = p / block_size;
+    TORCH_CHECK(block_size > 0 && j < static_cast<int64_t>(block_tables[b].size()),
+                "DecodeLayers.sample: a position is past its block table");
+    slots[b] = block_tables[b][j] * block_size + p % block_size;
+    lens[b] = p + 1;
+  }
+  Step st = im.check(B, k_cache, v_cache, slots.data(), tables.data(), lens.data(), nb, block_size, Hq, eps);
+  TORCH_CHECK(im.head->cos.size(1) == st.D, "DecodeLayers.sample: the RoPE tables' width is not the head size");
+  std::vector<double> u(B, -1.0);
+  for (int64_t b = 0; b < B; ++b)
+    if (temperatures[b] > 0) u[b] = uniform(generators[b]);
+  std::vector<int64_t> tokens(B);
+  std::vector<double> logprobs(B);
+  if (B == 0) return {tokens, logprobs};
+  py::gil_scoped_release no_gil;
+  if (im.dtype == at::kFloat) im.sample<float>(ids, positions, st, temperatures, u, tokens.data(), logprobs.data());
+  else im.sample<bf16>(ids, positions, st, temperatures, u, tokens.data(), logprobs.data());
+  return {tokens, logprobs};
+}
+
+// The runner's step, from the embedding to the sampler (`ModelRunner.forward`, `sampling.sample`):
+// the rows' embeddings; cos and sin rounded to T; the layers; the final norm and the LM head,
+// whose T logits widen to fp32; a division by the temperatures where any is not 1 (greedy rows
+// by 1); then per row the draw for its uniform (or the argmax) and the token's logit less the
+// log-normaliser.
+template <class T>
+void DecodeLayers::Impl::sample(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, const Step& step,
+                                const std::vector<double>& temperatures, const std::vector<double>& u, int64_t* tokens,
+                                double* logprobs) const {
+  const Head& hd = *head;
+  Step st = step;
+  const int64_t B = st.B, D = st.D, N = hd.lm.N;
+  auto buf = torch::empty({B * (2 * E + 2 * D)}, torch::TensorOptions().dtype(dtype));
+  T* h = buf.data_ptr<T>();
+  T* xn = h + B * E;
+  T* cs = xn + B * E;
+  T* sn = cs + B * D;
+  const T* embed = hd.embed.data_ptr<T>();
+  const float* ct = hd.cos.data_ptr<float>();
+  const float* stb = hd.sin.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy(embed + ids[b] * E, embed + (ids[b] + 1) * E, h + b * E);
+    for (int64_t d = 0; d < D; ++d) {
+      cs[b * D + d] = static_cast<T>(ct[positions[b] * D + d]);
+      sn[b * D + d] = static_cast<T>(stb[positions[b] * D + d]);
+    }
+  }
+  st.cos = cs, st.sin = sn;
+  forward(st, h);
+  rms_norm_raw(h, hd.norm.data_ptr<T>(), xn, B, E, st.eps);
+  auto logits = torch::empty({B, N}, torch::TensorOptions().dtype(at::kFloat));
+  float* x = logits.data_ptr<float>();
+  if constexpr (std::is_same<T, float>::value) {
+    hd.lm(xn, B, x);
+  } else {
+    auto low = torch::empty({B, N}, torch::TensorOptions().dtype(dtype));
+    T* y = low.data_ptr<T>();
+    hd.lm(xn, B, y);
+    at::parallel_for(0, B * N, 4096, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) x[i] = static_cast<float>(y[i]);
+    });
+  }
+  if (std::any_of(temperatures.begin(), temperatures.end(), [](double t) { return t > 0 && t != 1; })) {
+    for (int64_t b = 0; b < B; ++b) {
+      const float t = temperatures[b] > 0 ? static_cast<float>(temperatures[b]) : 1.f;
+      float* row = x + b * N;
+      for (int64_t i = 0; i < N; ++i) row[i] = row[i] / t;
+    }
+  }
+  at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> sums((N + 255) / 256);
+    for (int64_t b = b0; b < b1; ++b) {
+      float lse = 0.f;
+      sample_row(x + b * N, N, u[b], sums.data(), tokens + b, &lse);
+      logprobs[b] = static_cast<double>(x[b * N + tokens[b]] - lse);
+    }
+  });
 }

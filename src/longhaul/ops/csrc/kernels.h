@@ -49,14 +49,22 @@ void decode_attention_raw(const T* q, const T* kc, const T* vc, const int64_t* b
 template <class T>
 void swiglu_raw(const T* gate, const T* up, T* out, int64_t N, int64_t F, int64_t gs, int64_t us);
 // Every decoder layer of a decode step in one call (decode_step.cpp): the layers' description is
-// parsed once, at construction; `run` takes a step's tensors.
+// parsed once, at construction; `run` takes a step's tensors. Given the model's head (the
+// embedding, the final norm, the LM head and the RoPE tables), `sample` runs a whole step from
+// token ids to sampled tokens.
 class DecodeLayers {
  public:
-  explicit DecodeLayers(const py::list& layers);
+  DecodeLayers(const py::list& layers, const py::object& head);
   int64_t size() const;
+  bool has_head() const;
   torch::Tensor run(torch::Tensor h, const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& cos,
                     const torch::Tensor& sin, const torch::Tensor& slots, const torch::Tensor& block_tables,
                     const torch::Tensor& lens, int64_t block_size, int64_t Hq, double eps) const;
+  std::pair<std::vector<int64_t>, std::vector<double>> sample(
+      const std::vector<int64_t>& ids, const std::vector<int64_t>& positions,
+      const std::vector<std::vector<int64_t>>& block_tables, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+      int64_t block_size, int64_t Hq, double eps, const std::vector<double>& temperatures,
+      std::vector<at::Generator> generators) const;
 
  private:
   struct Impl;
@@ -76,4 +84,5 @@ torch::Tensor attention_unpack(const torch::Tensor& o, const torch::Tensor& out_
 torch::Tensor attention_unpack_backward(const torch::Tensor& g, const torch::Tensor& out_index, int64_t R, int64_t Tq,
                                         int64_t Hkv, int64_t Hq);
 std::vector<torch::Tensor> sample_rows(const torch::Tensor& x, const torch::Tensor& u);
+void sample_row(const float* row, int64_t V, double u, float* sums, int64_t* token, float* lse);
 std::vector<torch::Tensor> softmax_stats(torch::Tensor z, const torch::Tensor& targets, bool with_entropy, bool write_probs);

@@ -26,9 +26,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_and_cache", &rope_and_cache, "RoPE on q and k, k and v stored in the paged cache; returns q");
   m.def("swiglu", &swiglu, "silu(gate) * up");
   py::class_<DecodeLayers>(m, "DecodeLayers", "a model's decoder layers, described once, for decode steps in one call")
-      .def(py::init<const py::list&>(), py::arg("layers"))
+      .def(py::init<const py::list&, const py::object&>(), py::arg("layers"), py::arg("head") = py::none())
       .def("__len__", &DecodeLayers::size)
-      .def("run", &DecodeLayers::run, "every layer of a decode step (one token a sequence)");
+      .def_property_readonly("has_head", &DecodeLayers::has_head)
+      .def("run", &DecodeLayers::run, "every layer of a decode step (one token a sequence)")
+      .def("sample", &DecodeLayers::sample, "a whole decode step: token ids and positions -> (sampled tokens, their "
+           "log-probabilities)");
   m.def("swiglu_backward", &swiglu_backward, "the gradient of swiglu, written into (dgate, dup)");
   m.def("attention_pack", &attention_pack, "flat q, k, v -> the padded attention rows, RoPE on q and k");
   m.def("attention_pack_backward", &attention_pack_backward, "the gradient of attention_pack, written into (dq, dk, dv)");

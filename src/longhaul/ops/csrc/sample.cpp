@@ -55,6 +55,61 @@ float chunk_sum(const float* row, int64_t i0, int64_t i1, float m, float* out = 
 
 }  // namespace
 
+// One row: the max, lse = max + log of the weights' sum, and the token (the argmax where u < 0,
+// else the inverse-CDF draw for u); `sums` holds ceil(V / 256) values of scratch.
+void sample_row(const float* row, int64_t V, double u, float* sums, int64_t* token, float* lse) {
+  const int64_t C = (V + kChunk - 1) / kChunk;
+  // pass 1: the max
+  __m256 mx8 = _mm256_set1_ps(kNegInf);
+  int64_t i = 0;
+  for (; i + 8 <= V; i += 8) mx8 = _mm256_max_ps(mx8, _mm256_loadu_ps(row + i));
+  float m = hmax(mx8);
+  for (; i < V; ++i) m = std::max(m, row[i]);
+  if (m == kNegInf) {  // nothing may be sampled: the caller's masks left no token
+    *token = 0;
+    *lse = kNegInf;
+    return;
+  }
+  // pass 2: the weights' sums per chunk, accumulated in fp64
+  double total = 0.0;
+  for (int64_t c = 0; c < C; ++c) {
+    sums[c] = chunk_sum(row, c * kChunk, std::min(V, (c + 1) * kChunk), m);
+    total += sums[c];
+  }
+  *lse = m + static_cast<float>(std::log(total));
+  if (u < 0) {  // greedy: the first index of the max
+    int64_t j = 0;
+    while (row[j] != m) ++j;
+    *token = j;
+    return;
+  }
+  const double target = u * total;
+  double before = 0.0;
+  int64_t c = 0, last_positive = 0;
+  for (; c < C; ++c) {
+    if (sums[c] > 0) last_positive = c;
+    if (before + sums[c] > target) break;
+    before += sums[c];
+  }
+  if (c == C || sums[c] <= 0) {  // a rounding past the end or onto an empty chunk
+    c = last_positive;
+    before = 0.0;
+    for (int64_t k = 0; k < c; ++k) before += sums[k];
+  }
+  const double rest = std::max(0.0, target - before);
+  const int64_t i0 = c * kChunk, i1 = std::min(V, i0 + kChunk);
+  float w[kChunk];
+  chunk_sum(row, i0, i1, m, w);  // the same weights the chunk's sum added
+  double run = 0.0;
+  int64_t j = 0, last = 0;
+  for (; j < i1 - i0; ++j) {
+    if (w[j] > 0) last = j;
+    run += w[j];
+    if (run > rest) break;
+  }
+  *token = i0 + (j < i1 - i0 ? j : last);
+}
+
 // x (B, V) fp32, u (B,) fp64: a uniform in [0, 1) per sampled row, negative for a greedy row.
 // Returns (tokens (B,) int64, lse (B,) fp32: max + log of the weights' sum).
 std::vector<torch::Tensor> sample_rows(const torch::Tensor& x, const torch::Tensor& u) {
@@ -69,61 +124,9 @@ std::vector<torch::Tensor> sample_rows(const torch::Tensor& x, const torch::Tens
   const double* up = uc.data_ptr<double>();
   int64_t* tp = tokens.data_ptr<int64_t>();
   float* lp = lse.data_ptr<float>();
-  const int64_t C = (V + kChunk - 1) / kChunk;
   at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> sums(C);
-    for (int64_t b = b0; b < b1; ++b) {
-      const float* row = xp + b * V;
-      // pass 1: the max
-      __m256 mx8 = _mm256_set1_ps(kNegInf);
-      int64_t i = 0;
-      for (; i + 8 <= V; i += 8) mx8 = _mm256_max_ps(mx8, _mm256_loadu_ps(row + i));
-      float m = hmax(mx8);
-      for (; i < V; ++i) m = std::max(m, row[i]);
-      if (m == kNegInf) {  // nothing may be sampled: the caller's masks left no token
-        tp[b] = 0;
-        lp[b] = kNegInf;
-        continue;
-      }
-      // pass 2: the weights' sums per chunk, accumulated in fp64
-      double total = 0.0;
-      for (int64_t c = 0; c < C; ++c) {
-        sums[c] = chunk_sum(row, c * kChunk, std::min(V, (c + 1) * kChunk), m);
-        total += sums[c];
-      }
-      lp[b] = m + static_cast<float>(std::log(total));
-      if (up[b] < 0) {  // greedy: the first index of the max
-        int64_t j = 0;
-        while (row[j] != m) ++j;
-        tp[b] = j;
-        continue;
-      }
-      const double target = up[b] * total;
-      double before = 0.0;
-      int64_t c = 0, last_positive = 0;
-      for (; c < C; ++c) {
-        if (sums[c] > 0) last_positive = c;
-        if (before + sums[c] > target) break;
-        before += sums[c];
-      }
-      if (c == C || sums[c] <= 0) {  // a rounding past the end or onto an empty chunk
-        c = last_positive;
-        before = 0.0;
-        for (int64_t k = 0; k < c; ++k) before += sums[k];
-      }
-      const double rest = std::max(0.0, target - before);
-      const int64_t i0 = c * kChunk, i1 = std::min(V, i0 + kChunk);
-      float w[kChunk];
-      chunk_sum(row, i0, i1, m, w);  // the same weights the chunk's sum added
-      double run = 0.0;
-      int64_t j = 0, last = 0;
-      for (; j < i1 - i0; ++j) {
-        if (w[j] > 0) last = j;
-        run += w[j];
-        if (run > rest) break;
-      }
-      tp[b] = i0 + (j < i1 - i0 ? j : last);
-    }
+    std::vector<float> sums((V + kChunk - 1) / kChunk);
+    for (int64_t b = b0; b < b1; ++b) sample_row(xp + b * V, V, up[b], sums.data(), tp + b, lp + b);
   });
   return {tokens, lse};
 }
