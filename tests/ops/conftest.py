@@ -45,3 +45,35 @@ def runner_pair(model, dtype):
             got.append(r.forward(r.prepare(items)))
         outs.append(torch.cat(got))
     return runners, outs
+
+
+def whole_equals_general(name, dtype, quant, temps=(1.0, 0.7, 0.0), steps=4):
+    """Two engines' runners of one model: one steps through `forward` and `sampling.sample`, the
+    other through `decode_sample` (the whole native step), fed the same tokens with generators of
+    the same seeds; every step's tokens, log-probabilities and generator states must agree. A
+    generator is drawn from once a step where its temperature is positive, never where it is 0."""
+    from longhaul.inference import LLMEngine, SamplingParams
+    from longhaul.inference.sampling import sample
+    from longhaul.models import load_policy
+
+    prompts, tables = [[5, 9, 2, 7, 1], [4, 4, 8], [3, 6]], [[0, 1, 2], [3, 4, 5], [6, 7, 8]]  # blocks of 4
+    model, _ = load_policy(name)
+    general, whole = (LLMEngine(model, dtype=dtype, quantization=quant, adaptive_threads=False, num_kv_blocks=12,
+                                block_size=4).runner for _ in range(2))
+    assert whole._native_layers is not None and whole._native_layers[0].has_head
+    for r in (general, whole):
+        r.forward(r.prepare([BatchItem(p, 0, t) for p, t in zip(prompts, tables)]))
+    params = [SamplingParams(temperature=t) for t in temps]
+    g_general = [torch.Generator().manual_seed(7 + i) for i in range(len(temps))]
+    g_whole = [torch.Generator().manual_seed(7 + i) for i in range(len(temps))]
+    tokens, positions = [11, 20, 30], [len(p) for p in prompts]
+    for _ in range(steps):
+        before = [g.get_state() for g in g_whole]
+        items = [BatchItem([t], p, b) for t, p, b in zip(tokens, positions, tables)]
+        want = sample(general.forward(general.prepare(items)), params, g_general, [[]] * len(temps))
+        got = whole.decode_sample(items, list(temps), g_whole)
+        assert got == (want.token_ids, want.logprobs)
+        for t, a, b, old in zip(temps, g_general, g_whole, before):
+            assert torch.equal(a.get_state(), b.get_state())
+            assert torch.equal(b.get_state(), old) == (t == 0)
+        tokens, positions = want.token_ids, [p + 1 for p in positions]

@@ -8,8 +8,10 @@ attention over the paged cache with PyTorch SDPA, and logits at the requested po
 In fp32 or bf16 on a CPU where `kernels.native()` builds, decode attention reads the blocks in place
 (`decode_attention`, no gather or mask), RoPE and the cache write are one pass
 (`rope_and_cache`), RMSNorm is the native one and the linears are its small-batch GEMM
-(`linear.pack`); prefill chunks keep SDPA.
-Does not own which tokens run (`scheduler`), the blocks (`block_manager`) or sampling.
+(`linear.pack`); prefill chunks keep SDPA. A decode step's layers run in one native call
+(`DecodeLayers`), and `decode_sample` runs a whole step of one-token items there, from their
+tokens to the sampled next ones (the sampler's temperature-only draw, bit for bit).
+Does not own which tokens run (`scheduler`), the blocks (`block_manager`) or sampling's rules.
 
 One forward serves every kind of step. A `BatchItem` is a sequence's new tokens starting at
 position `start` over the `start` tokens already in its cache:
@@ -204,13 +206,13 @@ class ModelRunner:
         self._lm_head = head_packer(self.lm_head, None)[0]
         described = native_layers(self._exec) if self.native is not None else None
         # (the layers parsed once for one-call decode steps, the most rows every linear takes natively)
-        self._native_layers = None
+        self._native_layers, self._whole_rows = None, 0  # (the most rows a whole native step takes)
         if described is not None:
-            head, rows = self._native_head(), described[1]
+            head = self._native_head()
             if head is not None:
-                rows = min(rows, head[1])
+                self._whole_rows = min(described[1], head[1])
                 head = (self.embed, self.norm, head[0], *self.rope.tables)
-            self._native_layers = (self.native.DecodeLayers(described[0], head), rows)
+            self._native_layers = (self.native.DecodeLayers(described[0], head), described[1])
         if self._lean:
             self._drop()
 
@@ -222,7 +224,11 @@ class ModelRunner:
             return None
         if self.rope.tables[0].device.type != "cpu":
             return None
-        return native_description(self._lm_head)
+        described = native_description(self._lm_head)
+        kind = described[0][0] if described is not None else None
+        if kind in ("fp32", "bf16") and kind != {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(self.dtype):
+            return None  # a float head of another dtype than the layers'
+        return described
 
     def drop_plain(self) -> int:
         """Keep only the packed form of each projection whose packing can be read back exactly
@@ -424,7 +430,7 @@ class ModelRunner:
         kernels take, a position past the RoPE tables, a quantized cache."""
         whole = self._native_layers
         if whole is None or not whole[0].has_head or not self.fused_step or self.recorder is not None \
-                or len(items) > whole[1] or not self._native_cache():
+                or len(items) > self._whole_rows or not self._native_cache():
             return None
         ids, positions, tables = [], [], []
         for it in items:

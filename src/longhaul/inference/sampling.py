@@ -17,7 +17,9 @@ Sampling is inverse-CDF with one uniform per token from the request's own genera
 seeded request draws the same tokens whatever else shares its batch (torch.multinomial with a
 shared generator does not). On CPU the draw, the argmax and the log-normaliser of fp32 logits
 run in one native call (`csrc/sample.cpp`, the same chunked inverse CDF as `inverse_cdf`) where
-the kernels build; torch's ops elsewhere.
+the kernels build; torch's ops elsewhere. The runner's whole native decode step
+(`ModelRunner.decode_sample`) draws the same way, with the same kernel, for rows that need
+nothing but a temperature (`by_temperature_only`).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class SamplingParams:
 
         if self.n != 1:
             bad("n", "must be 1 (submit a prompt n times to sample a group)")
-        if self.temperature < 0:
+        if not self.temperature >= 0:
             bad("temperature", "must be >= 0")
         if self.top_k < -1:
             bad("top_k", "must be -1, 0 (all tokens) or a positive count")

@@ -22,12 +22,18 @@ from longhaul.inference.sampling import SamplingParams
 
 def detokenizer(tok):
     """What `Sequence.append_token` decodes with: a fast HF tokenizer's own Rust tokenizer where
-    the HF wrapper would only pass the call on (it cleans up no spaces), else tok itself. The
-    wrapper's Python costs more than the decode between two weight streams."""
+    the HF wrapper would only pass the call on (its decode not overridden, no clean-up of
+    spaces), else tok itself. The wrapper's Python costs more than the decode between two weight
+    streams."""
     raw = getattr(tok, "_tokenizer", None)
-    if raw is not None and callable(getattr(raw, "decode", None)) and getattr(tok, "clean_up_tokenization_spaces", True) is False:
-        return raw
-    return tok
+    if raw is None or getattr(tok, "clean_up_tokenization_spaces", True) is not False:
+        return tok
+    import transformers
+
+    cls = type(tok)
+    plain = getattr(cls, "_decode", None) is transformers.PreTrainedTokenizerFast._decode \
+        and getattr(cls, "decode", None) is transformers.PreTrainedTokenizerBase.decode
+    return raw if plain and callable(getattr(raw, "decode", None)) else tok
 
 
 class Status(enum.Enum):

@@ -145,7 +145,7 @@ void add_rows(T* h, const T* y, int64_t n) {
   for (; i < n; ++i) h[i] = static_cast<T>(longhaul::to_f(h[i]) + longhaul::to_f(y[i]));
 }
 
-// Where a step's layers read and write the cache: pointers and sizes checked by `check_step`.
+// Where a step's layers read and write the cache: pointers and sizes checked by `Impl::check`.
 struct Step {
   void *kc = nullptr, *vc = nullptr;
   const void *cos = nullptr, *sin = nullptr;
@@ -250,7 +250,7 @@ Step DecodeLayers::Impl::check(int64_t B, const torch::Tensor& k_cache, const to
   const int64_t L = static_cast<int64_t>(layers.size());
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(0) == L && k_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
               v_cache.is_contiguous() && k_cache.scalar_type() == dtype && v_cache.scalar_type() == dtype,
-              "DecodeLayers: a contiguous cache of one entry per layer, in h's dtype");
+              "DecodeLayers: a contiguous cache of one entry per layer, in the norms' dtype");
   Step st;
   st.B = B, st.S = k_cache.size(1), st.Hkv = k_cache.size(2), st.D = k_cache.size(3), st.Hq = Hq;
   st.nb = nb, st.block_size = block_size, st.slots = slots, st.tables = tables, st.lens = lens;
@@ -361,17 +361,17 @@ std::pair<std::vector<int64_t>, std::vector<double>> DecodeLayers::sample(
               generators.size() == ids.size(), "DecodeLayers.sample: one position, block table, temperature and "
               "generator a sequence");
   const int64_t V = im.head->embed.size(0), P = im.head->cos.size(0);
+  TORCH_CHECK(block_size > 0, "DecodeLayers.sample: the block size must be positive");
   int64_t nb = 1;
   for (const auto& t : block_tables) nb = std::max<int64_t>(nb, static_cast<int64_t>(t.size()));
   std::vector<int64_t> tables(B * nb, 0), slots(B), lens(B);
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(ids[b] >= 0 && ids[b] < V, "DecodeLayers.sample: a token id is outside the vocabulary");
     TORCH_CHECK(positions[b] >= 0 && positions[b] < P, "DecodeLayers.sample: a position is past the RoPE tables");
-    TORCH_CHECK(temperatures[b] >= 0, "DecodeLayers.sample: a temperature is negative");
+    TORCH_CHECK(temperatures[b] >= 0, "DecodeLayers.sample: a temperature is negative or NaN");
     std::copy(block_tables[b].begin(), block_tables[b].end(), tables.begin() + b * nb);
     const int64_t p = positions[b], j = p / block_size;
-    TORCH_CHECK(block_size > 0 && j < static_cast<int64_t>(block_tables[b].size()),
-                "DecodeLayers.sample: a position is past its block table");
+    TORCH_CHECK(j < static_cast<int64_t>(block_tables[b].size()), "DecodeLayers.sample: a position is past its block table");
     slots[b] = block_tables[b][j] * block_size + p % block_size;
     lens[b] = p + 1;
   }
@@ -439,7 +439,7 @@ void DecodeLayers::Impl::sample(const std::vector<int64_t>& ids, const std::vect
     }
   }
   at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> sums((N + 255) / 256);
+    std::vector<float> sums(sample_scratch(N));
     for (int64_t b = b0; b < b1; ++b) {
       float lse = 0.f;
       sample_row(x + b * N, N, u[b], sums.data(), tokens + b, &lse);

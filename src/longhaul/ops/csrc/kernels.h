@@ -85,4 +85,5 @@ torch::Tensor attention_unpack_backward(const torch::Tensor& g, const torch::Ten
                                         int64_t Hkv, int64_t Hq);
 std::vector<torch::Tensor> sample_rows(const torch::Tensor& x, const torch::Tensor& u);
 void sample_row(const float* row, int64_t V, double u, float* sums, int64_t* token, float* lse);
+int64_t sample_scratch(int64_t V);  // the floats of `sums` sample_row needs for a row of V
 std::vector<torch::Tensor> softmax_stats(torch::Tensor z, const torch::Tensor& targets, bool with_entropy, bool write_probs);

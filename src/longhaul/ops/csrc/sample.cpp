@@ -55,10 +55,12 @@ float chunk_sum(const float* row, int64_t i0, int64_t i1, float m, float* out = 
 
 }  // namespace
 
+int64_t sample_scratch(int64_t V) { return (V + kChunk - 1) / kChunk; }
+
 // One row: the max, lse = max + log of the weights' sum, and the token (the argmax where u < 0,
-// else the inverse-CDF draw for u); `sums` holds ceil(V / 256) values of scratch.
+// else the inverse-CDF draw for u); `sums` holds sample_scratch(V) values of scratch.
 void sample_row(const float* row, int64_t V, double u, float* sums, int64_t* token, float* lse) {
-  const int64_t C = (V + kChunk - 1) / kChunk;
+  const int64_t C = sample_scratch(V);
   // pass 1: the max
   __m256 mx8 = _mm256_set1_ps(kNegInf);
   int64_t i = 0;
@@ -125,7 +127,7 @@ std::vector<torch::Tensor> sample_rows(const torch::Tensor& x, const torch::Tens
   int64_t* tp = tokens.data_ptr<int64_t>();
   float* lp = lse.data_ptr<float>();
   at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> sums((V + kChunk - 1) / kChunk);
+    std::vector<float> sums(sample_scratch(V));
     for (int64_t b = b0; b < b1; ++b) sample_row(xp + b * V, V, up[b], sums.data(), tp + b, lp + b);
   });
   return {tokens, lse};
