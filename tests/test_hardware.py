@@ -10,27 +10,27 @@ from longhaul.ops import kernels
 
 @pytest.fixture
 def cpu(monkeypatch):
-    """Set the probes of a CPU: (avx512_bf16, amx, native fp32 kernels run)."""
+    """Set the probes of a CPU: (avx512_bf16, amx, native kernels run)."""
     monkeypatch.delenv("LONGHAUL_BF16", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
-    def set_cpu(avx512_bf16: bool, amx: bool, fp32_kernels: bool):
+    def set_cpu(avx512_bf16: bool, amx: bool, kernels_run: bool):
         monkeypatch.setattr(hardware, "native_bf16", lambda: avx512_bf16 or amx)
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-        monkeypatch.setattr(kernels, "_missing_requirement", lambda: None if fp32_kernels else "no C++ compiler")
+        monkeypatch.setattr(kernels, "_missing_requirement", lambda: None if kernels_run else "no C++ compiler")
         return hardware.prefer_bf16.__wrapped__()
     return set_cpu
 
 
-@pytest.mark.parametrize("avx512_bf16,amx,fp32_kernels,want", [
+@pytest.mark.parametrize("avx512_bf16,amx,kernels_run,want", [
     (False, False, True, False),   # AVX2 only: bf16 is emulated
     (False, False, False, False),
-    (True, False, True, False),    # AVX512-BF16 without AMX: the native fp32 kernels are faster
-    (True, False, False, True),    # ... but without them oneDNN's bf16 beats its fp32
+    (True, False, True, True),     # AVX512-BF16 without AMX: the native bf16 kernels beat the fp32 ones
+    (True, False, False, True),    # ... and without any native kernels oneDNN's bf16 beats its fp32
     (True, True, True, True),      # AMX: bf16
 ])
-def test_auto_picks_bf16_only_where_it_is_faster(cpu, avx512_bf16, amx, fp32_kernels, want):
-    assert cpu(avx512_bf16, amx, fp32_kernels) is want
+def test_auto_picks_bf16_where_bf16_arithmetic_is_native(cpu, avx512_bf16, amx, kernels_run, want):
+    assert cpu(avx512_bf16, amx, kernels_run) is want
 
 
 def test_explicit_dtypes_pass_through():
