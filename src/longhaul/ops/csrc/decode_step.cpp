@@ -431,19 +431,18 @@ void DecodeLayers::Impl::sample(const std::vector<int64_t>& ids, const std::vect
       for (int64_t i = i0; i < i1; ++i) x[i] = static_cast<float>(y[i]);
     });
   }
-  if (std::any_of(temperatures.begin(), temperatures.end(), [](double t) { return t > 0 && t != 1; })) {
-    for (int64_t b = 0; b < B; ++b) {
-      const float t = temperatures[b] > 0 ? static_cast<float>(temperatures[b]) : 1.f;
-      float* row = x + b * N;
-      for (int64_t i = 0; i < N; ++i) row[i] = row[i] / t;
-    }
-  }
+  const bool divide = std::any_of(temperatures.begin(), temperatures.end(), [](double t) { return t > 0 && t != 1; });
   at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> sums(sample_scratch(N));
     for (int64_t b = b0; b < b1; ++b) {
+      float* row = x + b * N;
+      if (divide) {
+        const float t = temperatures[b] > 0 ? static_cast<float>(temperatures[b]) : 1.f;
+        for (int64_t i = 0; i < N; ++i) row[i] = row[i] / t;
+      }
       float lse = 0.f;
-      sample_row(x + b * N, N, u[b], sums.data(), tokens + b, &lse);
-      logprobs[b] = static_cast<double>(x[b * N + tokens[b]] - lse);
+      sample_row(row, N, u[b], sums.data(), tokens + b, &lse);
+      logprobs[b] = static_cast<double>(row[tokens[b]] - lse);
     }
   });
 }
