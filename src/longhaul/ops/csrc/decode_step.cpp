@@ -391,9 +391,9 @@ std::pair<std::vector<int64_t>, std::vector<double>> DecodeLayers::sample(
 
 // The runner's step, from the embedding to the sampler (`ModelRunner.forward`, `sampling.sample`):
 // the rows' embeddings; cos and sin rounded to T; the layers; the final norm and the LM head,
-// whose T logits widen to fp32; a division by the temperatures where any is not 1 (greedy rows
-// by 1); then per row the draw for its uniform (or the argmax) and the token's logit less the
-// log-normaliser.
+// whose T logits widen to fp32; then per row the division by its temperature where that is
+// neither 0 (greedy) nor 1 (the sampler divides those rows by 1, which changes nothing), the draw
+// for its uniform (or the argmax) and the token's logit less the log-normaliser.
 template <class T>
 void DecodeLayers::Impl::sample(const std::vector<int64_t>& ids, const std::vector<int64_t>& positions, const Step& step,
                                 const std::vector<double>& temperatures, const std::vector<double>& u, int64_t* tokens,
@@ -431,13 +431,12 @@ void DecodeLayers::Impl::sample(const std::vector<int64_t>& ids, const std::vect
       for (int64_t i = i0; i < i1; ++i) x[i] = static_cast<float>(y[i]);
     });
   }
-  const bool divide = std::any_of(temperatures.begin(), temperatures.end(), [](double t) { return t > 0 && t != 1; });
   at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> sums(sample_scratch(N));
     for (int64_t b = b0; b < b1; ++b) {
       float* row = x + b * N;
-      if (divide) {
-        const float t = temperatures[b] > 0 ? static_cast<float>(temperatures[b]) : 1.f;
+      if (temperatures[b] > 0 && temperatures[b] != 1) {
+        const float t = static_cast<float>(temperatures[b]);
         for (int64_t i = 0; i < N; ++i) row[i] = row[i] / t;
       }
       float lse = 0.f;
